@@ -1,0 +1,23 @@
+from setuptools import find_packages, setup
+
+TF_VERSION = ">=2.16"  # the first TensorFlow whose tf.keras is Keras 3
+
+setup(
+    name="tpu_magic",
+    version="0.1.0",
+    description="IPython magics that train the Keras model in a notebook cell on a TPU, GPU or CPU.",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["tpu_magic", "tpu_magic.*"]),
+    python_requires=">=3.10",
+    # One flavour each: safe to depend on directly.
+    install_requires=["ipython>=8", "ipywidgets>=8", "tqdm>=4.66", "keras>=3", "numpy"],
+    # TensorFlow comes in flavours that conflict when two are installed: pick one.
+    extras_require={
+        "tf": [f"tensorflow{TF_VERSION}"],
+        "cpu": [f"tensorflow-cpu{TF_VERSION}"],
+        "tpu": [f"tensorflow-tpu{TF_VERSION}"],
+        "test": ["pytest>=8", "pytest-timeout", "scikit-learn", "nbclient", "nbformat", "ipykernel"],
+    },
+    classifiers=["Framework :: IPython", "Framework :: Jupyter", "Programming Language :: Python :: 3"],
+)

@@ -1,0 +1,89 @@
+"""One real IPython shell and one TensorFlow runtime split into 8 logical CPUs for the suite.
+
+The CPU must be split before TensorFlow runs its first op, so it happens here, at
+collection, through tpu_magic's own function. Tests then connect with
+`--simulate 8` (8 replicas, as a TPU v2-8) or `cpu` (1 replica) as they need.
+"""
+
+import os
+import socket
+import threading
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+from traitlets.config import Config
+
+from tpu_magic import connect as connect_module
+from tpu_magic.session import set_session
+
+REPLICAS = 8
+connect_module.configure_logical_cpus(REPLICAS)
+
+
+class TestingShell(InteractiveShell):
+    """A real shell whose `run_cell` re-raises the cell's error (as JupySQL's does)."""
+
+    def run_cell(self, *args, **kwargs):
+        result = super().run_cell(*args, **kwargs)
+        result.raise_error()
+        return result
+
+
+@pytest.fixture(scope="session")
+def ip():
+    config = Config()
+    config.HistoryManager.enabled = False
+    shell = TestingShell.instance(config=config)
+    shell.run_line_magic("load_ext", "tpu_magic")
+    yield shell
+
+
+@pytest.fixture
+def fresh(ip):
+    """No session before the test, none left after it."""
+    set_session(None)
+    yield ip
+    set_session(None)
+
+
+@pytest.fixture
+def sim8(fresh):
+    """A simulated 8-core TPU (MirroredStrategy over 8 logical CPUs)."""
+    fresh.run_line_magic("tpu_connect", "--simulate 8 --no-panel")
+    return fresh
+
+
+@pytest.fixture
+def closed_port():
+    """A loopback port that nothing listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def silent_server():
+    """A loopback server that accepts TCP connections and never says a word."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    held, stop = [], threading.Event()
+
+    def accept():
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                pass
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield server.getsockname()[1]
+    stop.set()
+    thread.join()
+    for conn in held:
+        conn.close()
+    server.close()

@@ -1,0 +1,25 @@
+"""tpu_magic: train the Keras model in a notebook cell on the accelerator you have.
+
+`%load_ext tpu_magic` registers `%tpu_connect`, `%%tpu_train` and `%tpu_sync`.
+Importing this package is cheap: TensorFlow, Keras, JAX and ipywidgets are
+imported by the functions that need them, on first connect.
+"""
+
+from tpu_magic.session import Session, session
+
+__all__ = ["Session", "session", "load_ipython_extension", "unload_ipython_extension"]
+__version__ = "0.1.0"
+
+
+def load_ipython_extension(ipython):
+    """Registers the magics (`%load_ext tpu_magic`)."""
+    from tpu_magic.magics import register
+
+    register(ipython)
+
+
+def unload_ipython_extension(ipython):
+    """Removes the magics (`%unload_ext tpu_magic`)."""
+    from tpu_magic.magics import unregister
+
+    unregister(ipython)

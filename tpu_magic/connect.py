@@ -1,0 +1,259 @@
+"""Connecting to an accelerator: the distribution strategy for a `Target`.
+
+`connect()` validates everything it can before TensorFlow is imported, bounds
+every network step (see `probe`), and returns a `ConnectResult`. It keeps one
+`Session` per process (`tpu_magic.session()`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from tpu_magic import probe
+from tpu_magic.deps import require_tensorflow
+from tpu_magic.errors import AddressError, ConnectError
+from tpu_magic.session import Session, session, set_session
+from tpu_magic.target import MachineSigns, Target, parse_grpc_address, read_machine_signs, resolve_target
+
+MAX_SIMULATED = 256
+
+
+@dataclass(frozen=True)
+class ConnectResult:
+    """The outcome of `%tpu_connect`."""
+
+    target: str
+    kind: str
+    replicas: int
+    strategy_name: str
+    simulated: bool
+    reason: str
+    devices: tuple[str, ...]
+    seconds: float
+    reused: bool = False
+    notes: tuple[str, ...] = ()
+    check: Any = None  # a `DeviceCheck` with --check
+
+    def summary(self) -> str:
+        what = (
+            f"simulated {self.replicas}-core TPU on the CPU" if self.simulated
+            else f"{self.kind.upper()} {self.target}" if self.kind == "tpu"
+            else self.kind.upper()
+        )
+        head = "Reusing the connection" if self.reused else "Connected"
+        lines = [
+            f"{head}: {what} — {self.strategy_name}, {self.replicas} "
+            f"replica{'s' if self.replicas != 1 else ''} ({self.seconds:.2f} s)",
+            f"  why: {self.reason}",
+        ]
+        lines += [f"  note: {n}" for n in self.notes]
+        if self.check is not None:
+            lines.append(self.check.summary())
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, p, cycle):  # IPython display
+        p.text(self.summary())
+
+
+class TpuRuntime:
+    """The TensorFlow calls that need a real TPU; tests replace this object."""
+
+    def initialize(self, address: str) -> Any:
+        tf = require_tensorflow()
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=address)
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+        return resolver
+
+    def strategy(self, resolver: Any) -> Any:
+        tf = require_tensorflow()
+        return tf.distribute.TPUStrategy(resolver)
+
+
+tpu_runtime = TpuRuntime()
+# The TPU address initialised in this process: TensorFlow allows one per process.
+_initialized_tpu: str | None = None
+
+NO_TPU_FIX = (
+    "No TPU is attached to this runtime. In Colab: Runtime > Change runtime type > a TPU, "
+    "then `%tpu_connect local`. On a TPU VM, TensorFlow needs its TPU build: "
+    "`pip install tensorflow-tpu` (same version as tensorflow), then restart. "
+    "To rehearse without a TPU: `%tpu_connect --simulate 8`."
+)
+
+
+def connect(
+    target: str = "auto",
+    *,
+    simulate: int | None = None,
+    timeout: float = 30.0,
+    env: Mapping[str, str] | None = None,
+    signs: MachineSigns | None = None,
+    probe_tf: Callable[[str, float], int] = probe.probe_tf_connect,
+) -> ConnectResult:
+    """Connects to the accelerator named by `target` and makes it the session.
+
+    Args:
+        target: "auto", "local", "grpc://HOST:PORT", a TPU name, "gpu" or "cpu".
+        simulate: split the CPU into this many logical devices and replicate over them.
+        timeout: seconds a TPU node may take to answer.
+        env: environment to decide `auto` from (default `os.environ`).
+        signs: machine signs for `auto` (default: read from this machine).
+        probe_tf: the bounded TensorFlow connect check for TPU nodes.
+
+    Returns:
+        A `ConnectResult`.
+
+    Raises:
+        AddressError: a malformed target or option.
+        ConnectError: the accelerator cannot be reached or set up.
+        MissingDependencyError: TensorFlow is not installed.
+    """
+    start = time.monotonic()
+    if not timeout > 0:
+        raise AddressError(f"--timeout {timeout:g} must be a positive number of seconds, e.g. 30")
+    if simulate is not None:
+        if not 1 <= simulate <= MAX_SIMULATED:
+            raise AddressError(
+                f"--simulate {simulate} must be between 1 and {MAX_SIMULATED}, e.g. --simulate 8"
+            )
+        if target.strip().lower() not in ("auto", "cpu"):
+            raise AddressError(
+                f"--simulate rehearses on the CPU, so it takes no target ({target!r}): "
+                f"use `%tpu_connect --simulate {simulate}`"
+            )
+        chosen = Target("cpu", None, f"--simulate {simulate}: {simulate} logical CPU devices")
+    else:
+        chosen = resolve_target(target, os.environ if env is None else env,
+                                read_machine_signs() if signs is None else signs)
+
+    current = session()
+    if current is not None and _same(current, chosen, simulate):
+        return _result(current, chosen, start, reused=True)
+    if chosen.kind == "tpu" and _initialized_tpu not in (None, chosen.address):
+        raise ConnectError(
+            f"this process is already connected to TPU {_initialized_tpu}; TensorFlow cannot "
+            f"switch to {chosen.address} in the same process. Restart the runtime "
+            f"(Runtime > Restart session), then `%tpu_connect {chosen.address}`."
+        )
+    if chosen.is_tpu_node and _initialized_tpu is None:
+        if chosen.address.lower().startswith("grpc://"):
+            host, port = parse_grpc_address(chosen.address)
+            probe.probe_tcp(host, port, timeout)
+        probe_tf(chosen.address, timeout)
+
+    tf = require_tensorflow()
+    if simulate is not None:
+        new = _simulated_session(tf, simulate)
+    elif chosen.kind == "tpu":
+        new = _tpu_session(chosen)
+    elif chosen.kind == "gpu":
+        new, chosen = _gpu_session(tf, chosen, explicit=target.strip().lower() == "gpu")
+    else:
+        new = Session(target="cpu", kind="cpu", replicas=1,
+                      strategy=tf.distribute.get_strategy(), devices=("/cpu:0",))
+    set_session(new)
+    return _result(new, chosen, start)
+
+
+def _same(current: Session, chosen: Target, simulate: int | None) -> bool:
+    if simulate is not None:
+        return current.simulated and current.replicas == simulate
+    return not current.simulated and current.target == chosen.label
+
+
+def _result(s: Session, chosen: Target, start: float, reused: bool = False) -> ConnectResult:
+    return ConnectResult(
+        target=s.target, kind=s.kind, replicas=s.replicas,
+        strategy_name=type(s.strategy).__name__, simulated=s.simulated,
+        reason=chosen.reason, devices=s.devices, seconds=time.monotonic() - start,
+        reused=reused, notes=chosen.notes,
+    )
+
+
+def configure_logical_cpus(n: int) -> None:
+    """Splits the CPU into `n` logical devices (before TensorFlow's runtime starts).
+
+    Raises:
+        ConnectError: the runtime already started with another split.
+    """
+    tf = require_tensorflow()
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    try:
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(n)]
+        )
+    except RuntimeError:
+        have = len(tf.config.list_logical_devices("CPU"))
+        if have != n:
+            raise ConnectError(
+                f"--simulate {n} needs {n} logical CPU devices, but TensorFlow's runtime already "
+                f"started with {have}. Restart the runtime and run `%tpu_connect --simulate {n}` "
+                "before anything else uses TensorFlow."
+            ) from None
+
+
+# One MirroredStrategy per device set and process. Measured: a second one over the same
+# devices restarts the collective instance keys, and its first all-reduce fails with
+# "Shape mismatch in the collective instance" against shapes the runtime cached.
+_mirrored: dict[tuple[str, ...], Any] = {}
+
+
+def mirrored_strategy(tf: Any, devices: tuple[str, ...]) -> Any:
+    """The process's MirroredStrategy over `devices` (made once)."""
+    if devices not in _mirrored:
+        _mirrored[devices] = tf.distribute.MirroredStrategy(list(devices))
+    return _mirrored[devices]
+
+
+def _simulated_session(tf: Any, n: int) -> Session:
+    configure_logical_cpus(n)
+    devices = tuple(f"/cpu:{i}" for i in range(n))
+    strategy = mirrored_strategy(tf, devices)
+    return Session(target=f"simulate:{n}", kind="cpu", replicas=n, strategy=strategy,
+                   simulated=True, devices=devices)
+
+
+def _tpu_session(chosen: Target) -> Session:
+    global _initialized_tpu
+    tf = require_tensorflow()
+    address = chosen.address
+    try:
+        resolver = tpu_runtime.initialize(address)
+    except tf.errors.NotFoundError as exc:
+        if address == "local":
+            first = str(exc).strip().splitlines()[0][:160]
+            raise ConnectError(f"{NO_TPU_FIX} (TensorFlow said: {first})") from None
+        raise ConnectError(f"TPU {address} could not be initialised: {exc}") from None
+    except ValueError as exc:
+        raise ConnectError(f"TPU {address} could not be resolved: {exc}") from None
+    _initialized_tpu = address
+    strategy = tpu_runtime.strategy(resolver)
+    devices = tuple(d.name for d in tf.config.list_logical_devices("TPU"))
+    return Session(target=address, kind="tpu", replicas=strategy.num_replicas_in_sync,
+                   strategy=strategy, devices=devices)
+
+
+def _gpu_session(tf: Any, chosen: Target, explicit: bool) -> tuple[Session, Target]:
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        fix = (
+            "TensorFlow sees no GPU: in Colab choose Runtime > Change runtime type > a GPU; "
+            "elsewhere install a CUDA build (`pip install \"tensorflow[and-cuda]\"`; "
+            "tensorflow-cpu has no GPU support)."
+        )
+        if explicit:
+            raise ConnectError(fix)
+        chosen = Target("cpu", None, chosen.reason + ", but " + fix, chosen.notes)
+        return Session(target="cpu", kind="cpu", replicas=1,
+                       strategy=tf.distribute.get_strategy(), devices=("/cpu:0",)), chosen
+    devices = tuple(f"/gpu:{i}" for i in range(len(gpus)))
+    if len(gpus) == 1:
+        strategy = tf.distribute.OneDeviceStrategy(devices[0])
+    else:
+        strategy = mirrored_strategy(tf, devices)
+    return Session(target="gpu", kind="gpu", replicas=len(gpus), strategy=strategy,
+                   devices=devices), chosen

@@ -1,0 +1,35 @@
+"""Domain errors raised by tpu_magic's logic.
+
+The logic modules know nothing of IPython. The magics module converts every
+``TpuMagicError`` into a plain ``UsageError`` in one place, so IPython prints the
+message without a traceback. Anything else that escapes is a bug and keeps its
+traceback.
+"""
+
+
+class TpuMagicError(Exception):
+    """A user-facing problem: the message says what was wrong and what to do."""
+
+
+class AddressError(TpuMagicError):
+    """A connect target that is not one of the accepted forms."""
+
+
+class ConnectError(TpuMagicError):
+    """The accelerator could not be reached or set up."""
+
+
+class MissingDependencyError(TpuMagicError):
+    """A package tpu_magic needs is not installed."""
+
+
+class BatchSizeError(TpuMagicError):
+    """A batch size that cannot be split over the replicas."""
+
+
+class RewrapError(TpuMagicError):
+    """A model that cannot be rebuilt inside the distribution strategy."""
+
+
+class SyncError(TpuMagicError):
+    """A model that cannot be copied to the CPU."""
