@@ -1,0 +1,383 @@
+"""`%%tpu_train` on 8 simulated replicas (as a TPU v2-8) and on 1, with real Keras models."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from IPython.core.error import UsageError
+
+import keras
+import tpu_magic
+from tpu_magic.progress import FitProgress, FitTiming
+
+KERAS_FIT, KERAS_PREDICT = keras.Model.fit, keras.Model.predict
+
+SETUP = """
+import numpy as np, keras, tensorflow as tf
+from sklearn.datasets import load_digits
+digits = load_digits()
+x = (digits.data / 16.0).astype("float32")
+y = digits.target.astype("int32")
+"""
+
+DENSE = """
+keras.utils.set_random_seed(1)
+model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
+                          keras.layers.Dense(10, activation="softmax")])
+model.compile(keras.optimizers.SGD(0.1), "sparse_categorical_crossentropy", metrics=["accuracy"])
+"""
+
+
+def train(ip, cell, line="--no-progress"):
+    return ip.run_cell_magic("tpu_train", line, cell)
+
+
+@pytest.fixture
+def digits(sim8):
+    sim8.run_cell(SETUP)
+    return sim8
+
+
+def cpu_copy(model):
+    """The same model outside every strategy (what %tpu_sync will make), for reference results."""
+    copy = model.__class__.from_config(model.get_config())
+    copy.set_weights(model.get_weights())
+    copy.compile(keras.optimizers.SGD(0.1), model.loss, metrics=["accuracy"])
+    return copy
+
+
+def test_a_model_built_in_the_cell_trains_on_8_replicas(digits):
+    report = train(digits, DENSE + "history = model.fit(x[:400], y[:400], batch_size=64, epochs=2)")
+    model = digits.user_ns["model"]
+    assert isinstance(model.weights[0].value, tf.distribute.DistributedValues)
+    assert (report.replicas, report.global_batch, report.per_replica, report.epochs) == (8, 64, 8, 2)
+    assert report.compile_seconds > 0 and report.samples_per_second > 0
+    assert len(report.epoch_seconds) == 2 and set(report.metrics) >= {"loss", "accuracy"}
+    assert len(digits.user_ns["history"].history["loss"]) == 2
+    assert tpu_magic.session().last_model is model and report.model_name == "model"
+    assert "64 (8 per replica)" in report.summary()
+    assert keras.Model.fit is KERAS_FIT
+
+
+def test_padded_training_step_has_the_gradient_of_the_real_samples(digits):
+    digits.run_cell(DENSE + "before = model.get_weights()")
+    train(digits, "model.fit(x[:13], y[:13], batch_size=16, epochs=1, shuffle=False)")
+    trained = digits.user_ns["model"].get_weights()
+    reference = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
+                                  keras.layers.Dense(10, activation="softmax")])
+    reference.set_weights(digits.user_ns["before"])
+    reference.compile(keras.optimizers.SGD(0.1), "sparse_categorical_crossentropy")
+    reference.fit(digits.user_ns["x"][:13], digits.user_ns["y"][:13], batch_size=13,
+                  shuffle=False, verbose=0)
+    for got, want in zip(trained, reference.get_weights()):
+        np.testing.assert_allclose(got, want, atol=2e-6)
+
+
+def test_partial_predict_and_evaluate_equal_the_cpu_copy(digits):
+    report = train(digits, DENSE + """
+model.fit(x[:256], y[:256], batch_size=64, epochs=1)
+six = model.predict(x[:6])
+scores = model.evaluate(x[:13], y[:13], batch_size=64, return_dict=True)
+plain = model.evaluate(x[:13], y[:13])
+""")
+    ns = digits.user_ns
+    assert ns["six"].shape == (6, 10)
+    copy = cpu_copy(ns["model"])
+    np.testing.assert_allclose(ns["six"], copy.predict(ns["x"][:6], verbose=0), atol=1e-5)
+    want = copy.evaluate(ns["x"][:13], ns["y"][:13], verbose=0, return_dict=True)
+    assert ns["scores"]["loss"] == pytest.approx(want["loss"], abs=1e-5)
+    assert ns["scores"]["accuracy"] == pytest.approx(want["accuracy"], abs=1e-6)
+    assert ns["plain"] == pytest.approx([want["loss"], want["accuracy"]], abs=1e-5)
+    assert report.predictions == [6] and len(report.evaluations) == 2
+
+
+def test_validation_data_with_a_partial_batch_is_exact(digits):
+    train(digits, DENSE + "h = model.fit(x[:128], y[:128], batch_size=64, epochs=1, "
+                          "validation_data=(x[1000:1013], y[1000:1013]))")
+    ns = digits.user_ns
+    want = cpu_copy(ns["model"]).evaluate(ns["x"][1000:1013], ns["y"][1000:1013], verbose=0,
+                                          return_dict=True)
+    assert ns["h"].history["val_loss"][-1] == pytest.approx(want["loss"], abs=1e-5)
+    assert ns["h"].history["val_accuracy"][-1] == pytest.approx(want["accuracy"], abs=1e-6)
+
+
+def test_validation_split_takes_the_last_samples(digits):
+    report = train(digits, DENSE + "h = model.fit(x[:200], y[:200], batch_size=32, "
+                                   "validation_split=0.25)")
+    assert "val_loss" in digits.user_ns["h"].history and report.epochs == 1
+
+
+def test_cnn_with_batchnorm_trains_with_a_partial_last_batch(digits):
+    report = train(digits, """
+keras.utils.set_random_seed(2)
+cnn = keras.Sequential([
+    keras.Input((8, 8, 1)),
+    keras.layers.Conv2D(8, 3, padding="same", activation="relu"),
+    keras.layers.BatchNormalization(),
+    keras.layers.Conv2D(8, 3, padding="same", activation="relu"),
+    keras.layers.MaxPooling2D(),
+    keras.layers.Dropout(0.25),
+    keras.layers.Flatten(),
+    keras.layers.Dense(10, activation="softmax"),
+])
+cnn.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
+images = x.reshape(-1, 8, 8, 1)
+cnn.fit(images[:100], y[:100], batch_size=32, epochs=2)
+probabilities = cnn.predict(images[:5])
+""")
+    assert report.epochs == 2 and digits.user_ns["probabilities"].shape == (5, 10)
+
+
+def test_embedding_lstm_functional_model(digits):
+    report = train(digits, """
+keras.utils.set_random_seed(3)
+words = np.random.randint(1, 500, size=(96, 20))
+labels = (words[:, 0] > 250).astype("float32")
+inputs = keras.Input((20,))
+hidden = keras.layers.Embedding(500, 8)(inputs)
+hidden = keras.layers.LSTM(8)(hidden)
+lstm = keras.Model(inputs, keras.layers.Dense(1, activation="sigmoid")(hidden))
+lstm.compile("adam", "binary_crossentropy", metrics=["accuracy"])
+lstm.fit(words, labels, batch_size=32, epochs=1, validation_data=(words[:10], labels[:10]))
+""")
+    assert report.epochs == 1 and "val_loss" in report.metrics
+
+
+def test_subclassed_model_built_in_the_cell(digits):
+    report = train(digits, """
+class Classifier(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.hidden = keras.layers.Dense(16, activation="relu")
+        self.out = keras.layers.Dense(10, activation="softmax")
+    def call(self, inputs):
+        return self.out(self.hidden(inputs))
+sub = Classifier()
+sub.compile("adam", "sparse_categorical_crossentropy")
+sub.fit(x[:64], y[:64], batch_size=32)
+""")
+    assert report.epochs == 1
+
+
+def test_subclassed_model_built_outside_says_to_build_it_in_the_cell(digits):
+    digits.run_cell("""
+class Outside(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(10, activation="softmax")
+    def call(self, inputs):
+        return self.dense(inputs)
+outside = Outside()
+outside.compile("adam", "sparse_categorical_crossentropy")
+outside.fit(x[:32], y[:32], verbose=0)
+""")
+    with pytest.raises(UsageError, match="Build it inside a %%tpu_train cell"):
+        train(digits, "outside.fit(x[:32], y[:32], batch_size=32)")
+
+
+def test_a_model_built_outside_is_rewrapped_with_its_weights_and_names(digits, capsys):
+    digits.run_cell("""
+def my_loss(y_true, y_pred):
+    return keras.losses.sparse_categorical_crossentropy(y_true, y_pred)
+keras.utils.set_random_seed(4)
+old = keras.Sequential([keras.Input((64,)), keras.layers.Dense(10, activation="softmax")])
+old.compile(keras.optimizers.Adam(0.01), my_loss, metrics=["accuracy"])
+old.fit(x[:64], y[:64], verbose=0)
+alias = old
+weights_before = old.get_weights()
+""")
+    ns = digits.user_ns
+    original = ns["old"]
+    report = train(digits, "snapshot = old.get_weights()\nold.fit(x[:128], y[:128], batch_size=64)")
+    assert ns["old"] is not original and ns["alias"] is ns["old"]
+    assert report.rewrapped == ["alias", "old"]
+    assert isinstance(ns["old"].weights[0].value, tf.distribute.DistributedValues)
+    for got, want in zip(ns["snapshot"], ns["weights_before"]):
+        np.testing.assert_array_equal(got, want)
+    assert ns["old"].optimizer is not original.optimizer
+    assert float(ns["old"].optimizer.learning_rate.numpy()) == pytest.approx(0.01)
+    assert "rebuilt inside it" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("call,message", [
+    ("model.fit(x[:200], y[:200], batch_size=100)", "batch_size 100 is not divisible by 8 replicas: use 96 or 104"),
+    ("model.evaluate(x[:20], y[:20], batch_size=6)", "batch_size 6 is not divisible by 8 replicas: use 8 or 16"),
+    ("model.predict(x[:20], batch_size=0)", "batch_size 0 must be a positive whole number"),
+    ("model.fit(tf.data.Dataset.from_tensor_slices((x[:200], y[:200])).batch(100))",
+     "the dataset's batch 100 is not divisible by 8 replicas: use 96 or 104"),
+])
+def test_a_bad_batch_fails_before_training_and_keeps_the_weights(digits, call, message):
+    train(digits, DENSE)
+    before = digits.user_ns["model"].get_weights()
+    with pytest.raises(UsageError) as err:
+        train(digits, call)
+    assert message in str(err.value)
+    for got, want in zip(digits.user_ns["model"].get_weights(), before):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_a_bad_batch_size_flag_fails_before_the_cell_runs(digits):
+    digits.user_ns.pop("ran", None)
+    with pytest.raises(UsageError, match="--batch-size 100 is not divisible by 8 replicas: use 96 or 104"):
+        train(digits, "ran = True", "--batch-size 100")
+    assert "ran" not in digits.user_ns
+
+
+@pytest.mark.parametrize("line", ["--epochs 0", "--steps-per-execution 0", "--batch-size x", "--bogus"])
+def test_bad_flags_are_usage_errors(digits, line):
+    with pytest.raises(UsageError):
+        train(digits, "pass", line)
+
+
+def test_batch_size_and_epochs_flags_fill_in_and_tpu_advice_is_given(digits, capsys):
+    report = train(digits, DENSE + "model.fit(x[:192], y[:192])", "--no-progress --batch-size 96 --epochs 2")
+    assert (report.global_batch, report.epochs) == (96, 2)
+    assert any("12 samples per replica" in n and "multiple of 8" in n for n in report.notes)
+    assert "warning:" in capsys.readouterr().out
+
+
+def test_scale_lr_scales_once_per_model(digits):
+    first = train(digits, DENSE + "model.fit(x[:128], y[:128], batch_size=128)", "--no-progress --scale-lr")
+    assert float(digits.user_ns["model"].optimizer.learning_rate.numpy()) == pytest.approx(0.8)
+    assert any("0.1 → 0.8" in n for n in first.notes)
+    train(digits, "model.fit(x[:128], y[:128], batch_size=128)", "--no-progress --scale-lr")
+    assert float(digits.user_ns["model"].optimizer.learning_rate.numpy()) == pytest.approx(0.8)
+
+
+def test_tf_data_input_trains(digits):
+    report = train(digits, DENSE + """
+ds = tf.data.Dataset.from_tensor_slices((x[:256], y[:256])).batch(64)
+model.fit(ds, epochs=2)
+""")
+    assert report.epochs == 2 and report.global_batch == 64
+
+
+def test_static_batch_input_trains_and_predicts_any_count(digits):
+    report = train(digits, """
+keras.utils.set_random_seed(5)
+inputs = keras.Input(batch_shape=(16, 64))
+static = keras.Model(inputs, keras.layers.Dense(10, activation="softmax")(inputs))
+static.compile("adam", "sparse_categorical_crossentropy")
+static.fit(x[:300], y[:300], epochs=1)
+few = static.predict(x[:6])
+""")
+    assert report.global_batch == 128 and digits.user_ns["few"].shape == (6, 10)
+    with pytest.raises(UsageError, match="static batch size of 16.*use batch_size 128"):
+        train(digits, "static.fit(x[:300], y[:300], batch_size=64)")
+
+
+def test_steps_per_execution_on_one_replica_counts_every_step(fresh):
+    fresh.run_line_magic("tpu_connect", "cpu")
+    fresh.run_cell(SETUP)
+    report = train(fresh, DENSE + "model.fit(x[:640], y[:640], batch_size=64, epochs=2)",
+                   "--no-progress --steps-per-execution 4")
+    assert fresh.user_ns["model"].steps_per_execution == 4
+    assert (report.epochs, report.steps) == (2, 20) and report.samples_per_second > 0
+
+
+def test_steps_per_execution_under_mirrored_replicas_runs_one_step_and_says_why(digits):
+    report = train(digits, DENSE + "model.fit(x[:640], y[:640], batch_size=64, epochs=2)",
+                   "--no-progress --steps-per-execution 4")
+    assert digits.user_ns["model"].steps_per_execution == 1
+    assert any("keras-team/keras#19246" in n for n in report.notes)
+    assert (report.epochs, report.steps) == (2, 20)
+
+
+class RecordingBar:
+    """A tqdm stand-in that records where the bar was drawn."""
+
+    made = []
+
+    def __init__(self, total=None, **kwargs):
+        self.total, self.n, self.desc, self.positions, self.closed = total, 0, kwargs.get("desc", ""), [], False
+        RecordingBar.made.append(self)
+
+    def update(self, k):
+        self.n += k
+        self.positions.append(self.n)
+
+    def reset(self, total=None):
+        self.n, self.total = 0, total
+
+    def set_description(self, desc, refresh=True):
+        self.desc = desc
+
+    def set_postfix(self, values, refresh=True):
+        self.postfix = values
+
+    def close(self):
+        self.closed = True
+
+
+def test_bar_position_is_absolute_with_steps_per_execution():
+    RecordingBar.made = []
+    timing = FitTiming(global_batch=32)
+    progress = FitProgress(timing, bar=RecordingBar, min_interval=0.0)
+    callbacks = keras.callbacks.CallbackList([progress], epochs=2, steps=10)
+    callbacks.on_train_begin()
+    for epoch in range(2):
+        callbacks.on_epoch_begin(epoch)
+        for end_step in (3, 7, 9):  # Keras with steps_per_execution=4 calls the hook here
+            callbacks.on_train_batch_end(end_step, {"loss": 1.0})
+        callbacks.on_epoch_end(epoch, {"loss": 1.0})
+    callbacks.on_train_end()
+    epochs_bar, batch_bar = RecordingBar.made
+    assert batch_bar.positions == [4, 8, 10, 4, 8, 10]
+    assert epochs_bar.n == 2 and batch_bar.closed and epochs_bar.closed
+    assert timing.steps_done == 20 and timing.steady_steps == 16
+    assert batch_bar.desc == "epoch 2/2" and "samples/s" in batch_bar.postfix
+
+
+def test_the_magic_draws_a_live_bar_and_silences_keras(digits, capsys):
+    train(digits, DENSE + "model.fit(x[:256], y[:256], batch_size=64, epochs=2)", "")
+    err = capsys.readouterr().err
+    assert "epochs: 100%" in err and "2/2" in err
+    assert "epoch 1/2: 100%" in err and "epoch 2/2: 100%" in err and "4/4" in err
+    assert "━━━" not in capsys.readouterr().out  # Keras's own progbar is off
+
+
+def test_ctrl_c_stops_at_a_batch_boundary_and_keeps_the_weights(digits):
+    digits.run_cell("""
+import os, signal
+class PressCtrlC(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+""")
+    train(digits, DENSE + "start = model.get_weights()")
+    report = train(digits, "model.fit(x[:1024], y[:1024], batch_size=32, epochs=20, callbacks=[PressCtrlC()])")
+    assert report.interrupted and report.epochs <= 1
+    ns = digits.user_ns
+    assert any(np.abs(a - b).max() > 0 for a, b in zip(ns["model"].get_weights(), ns["start"]))
+    again = train(digits, "model.fit(x[:64], y[:64], batch_size=32)")
+    assert again.epochs == 1 and not again.interrupted
+
+
+def test_an_error_in_the_cell_surfaces_unchanged_and_keras_is_restored(digits):
+    with pytest.raises(ZeroDivisionError):
+        train(digits, "1 / 0")
+    assert keras.Model.fit is KERAS_FIT and keras.Model.predict is KERAS_PREDICT
+
+
+def test_rerunning_a_cell_works(digits):
+    cell = DENSE + "model.fit(x[:128], y[:128], batch_size=64)"
+    assert train(digits, cell).epochs == 1
+    assert train(digits, cell).epochs == 1
+
+
+def test_one_replica_on_the_cpu(fresh):
+    fresh.run_line_magic("tpu_connect", "cpu")
+    fresh.run_cell(SETUP)
+    report = train(fresh, DENSE + "model.fit(x[:100], y[:100], batch_size=30)\nsix = model.predict(x[:6])")
+    assert report.replicas == 1 and report.global_batch == 30
+    assert fresh.user_ns["six"].shape == (6, 10)
+
+
+def test_without_a_connect_it_connects_first(fresh, monkeypatch, capsys):
+    from tpu_magic import connect as connect_module
+
+    monkeypatch.delenv("TPU_NAME", raising=False)
+    monkeypatch.setattr(connect_module, "read_machine_signs", connect_module.MachineSigns)
+    fresh.run_cell(SETUP)
+    report = train(fresh, DENSE + "model.fit(x[:64], y[:64], batch_size=32)")
+    assert tpu_magic.session() is not None and report.epochs == 1
+    assert "Connected" in capsys.readouterr().out

@@ -1,0 +1,145 @@
+"""Live training progress and timing, as one Keras callback.
+
+Like Keras's own ProgbarLogger, the bar's position is absolute (`batch + 1`):
+with `steps_per_execution=K` Keras calls the batch hook only every K batches,
+and counting one step per call (as tqdm's TqdmCallback does) falls behind.
+Drawing is throttled, so the bar costs almost nothing per step.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import keras
+
+COMPILING = "compiling…"
+
+
+@dataclass
+class FitTiming:
+    """What one `fit` took: filled in by `FitProgress`."""
+
+    global_batch: int
+    steps_per_epoch: int = 0
+    compile_seconds: float | None = None
+    epoch_seconds: list[float] = field(default_factory=list)
+    steps_done: int = 0
+    steady_steps: int = 0
+    steady_seconds: float = 0.0
+    last_logs: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def samples_per_second(self) -> float | None:
+        """Steady-state throughput: the steps after the first hook (which includes compiling)."""
+        if self.steady_steps <= 0 or self.steady_seconds <= 0:
+            return None
+        return self.steady_steps * self.global_batch / self.steady_seconds
+
+
+def _numbers(logs: dict | None) -> dict[str, float]:
+    found = {}
+    for key, value in (logs or {}).items():
+        try:
+            found[key] = float(value)
+        except (TypeError, ValueError):
+            pass
+    return found
+
+
+def _postfix(logs: dict[str, float], samples_per_second: float | None) -> dict[str, str]:
+    shown = {k: f"{v:.4g}" for k, v in logs.items()}
+    if samples_per_second:
+        shown["samples/s"] = f"{samples_per_second:,.0f}"
+    return shown
+
+
+class FitProgress(keras.callbacks.Callback):
+    """Times a `fit` and, when `bar` is given, draws epoch and batch bars.
+
+    Args:
+        timing: where the measurements go.
+        bar: a tqdm-like class (e.g. `tqdm.auto.tqdm`), or None for no bars.
+        min_interval: seconds between two redraws.
+        on_epoch: called with (epoch, logs) after each epoch (the panel's plot).
+    """
+
+    def __init__(self, timing: FitTiming, bar: Callable[..., Any] | None = None,
+                 min_interval: float = 0.2, on_epoch: Callable[[int, dict], None] | None = None):
+        super().__init__()
+        self.timing = timing
+        self._bar_class = bar
+        self._min_interval = min_interval
+        self._on_epoch = on_epoch
+        self.epoch_bar = None
+        self.batch_bar = None
+
+    def on_train_begin(self, logs=None):
+        self.timing.steps_per_epoch = self.params.get("steps") or 0
+        self._epochs = self.params.get("epochs") or 1
+        self._begin = self._last_draw = time.perf_counter()
+        self._first_hook: float | None = None
+        self._steps_at_first_hook = 0
+        self._epoch_steps_before = 0
+        if self._bar_class is not None:
+            self.epoch_bar = self._bar_class(total=self._epochs, desc="epochs", unit="epoch",
+                                             leave=True, dynamic_ncols=True)
+            self.batch_bar = self._bar_class(total=self.timing.steps_per_epoch or None,
+                                             desc=COMPILING, unit="step", leave=False,
+                                             dynamic_ncols=True, mininterval=0)  # throttled here
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+        self._epoch_start = time.perf_counter()
+        self._epoch_steps_before = self.timing.steps_done
+        if self.epoch_bar is not None and self.timing.epoch_seconds:
+            self.batch_bar.set_description(f"epoch {epoch + 1}/{self._epochs}", refresh=False)
+            self.batch_bar.reset(total=self.timing.steps_per_epoch or None)
+
+    def on_train_batch_end(self, batch, logs=None):
+        now = time.perf_counter()
+        # Keras reports `step + K - 1` for the last execution of an epoch even when
+        # fewer than K steps remained: the true position never passes the epoch's end.
+        position = batch + 1
+        if self.timing.steps_per_epoch:
+            position = min(position, self.timing.steps_per_epoch)
+        self.timing.steps_done = self._epoch_steps_before + position
+        if self._first_hook is None:
+            self._first_hook = now
+            self._steps_at_first_hook = self.timing.steps_done
+            self.timing.compile_seconds = now - self._begin
+        else:
+            self.timing.steady_steps = self.timing.steps_done - self._steps_at_first_hook
+            self.timing.steady_seconds = now - self._first_hook
+        bar = self.batch_bar
+        if bar is None:
+            return
+        last = position == self.timing.steps_per_epoch
+        if now - self._last_draw < self._min_interval and not last and bar.n:
+            return
+        self._last_draw = now
+        if bar.desc == COMPILING:
+            bar.set_description(f"epoch {self._epoch + 1}/{self._epochs}", refresh=False)
+        bar.set_postfix(_postfix(_numbers(logs), self.timing.samples_per_second), refresh=False)
+        bar.update(position - bar.n)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.timing.epoch_seconds.append(time.perf_counter() - self._epoch_start)
+        self.timing.last_logs = _numbers(logs)
+        if self.epoch_bar is not None:
+            self.epoch_bar.set_postfix(_postfix(self.timing.last_logs,
+                                                self.timing.samples_per_second), refresh=False)
+            self.epoch_bar.update(1)
+        if self._on_epoch is not None:
+            self._on_epoch(epoch, self.timing.last_logs)
+
+    def on_train_end(self, logs=None):
+        self.close()
+
+    def close(self) -> None:
+        """Closes the bars (also after an interruption)."""
+        for bar in (self.batch_bar, self.epoch_bar):
+            if bar is not None:
+                bar.close()
+        self.batch_bar = self.epoch_bar = None

@@ -1,0 +1,78 @@
+"""What a `%%tpu_train` cell did, as data (`TrainReport`) with a text rendering."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class TrainReport:
+    """The outcome of a `%%tpu_train` cell (the last `fit` for timings and metrics).
+
+    Attributes:
+        model_name: the namespace name of the model trained last, if known.
+        strategy: the strategy's class name; replicas: how many.
+        global_batch / per_replica: the batch of the last `fit`.
+        epochs / steps: epochs and steps completed by the last `fit`.
+        compile_seconds: time to the first step's end (tracing, compiling, first step).
+        samples_per_second: steady-state throughput after the first step.
+        epoch_seconds: wall time of each epoch.
+        metrics: the last `fit`'s final logs.
+        evaluations: the results of `evaluate` calls, in order.
+        predictions: rows returned by each `predict` call.
+        history: the last `fit`'s `keras.callbacks.History`.
+        interrupted: whether Ctrl-C (or Stop) ended the last `fit` early.
+        rewrapped / notes: what tpu_magic changed or advises.
+    """
+
+    strategy: str
+    replicas: int
+    model_name: str | None = None
+    global_batch: int | None = None
+    per_replica: int | None = None
+    epochs: int = 0
+    steps: int = 0
+    compile_seconds: float | None = None
+    samples_per_second: float | None = None
+    epoch_seconds: list[float] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+    evaluations: list[dict[str, float]] = field(default_factory=list)
+    predictions: list[int] = field(default_factory=list)
+    history: Any = None
+    interrupted: bool = False
+    fits: int = 0
+    rewrapped: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def summary(self) -> str:
+        lines = [f"tpu_train: {self.strategy}, {self.replicas} replica{'s' * (self.replicas != 1)}"
+                 + (f", model `{self.model_name}`" if self.model_name else "")
+                 + f", {self.seconds:.1f} s"]
+        if self.fits:
+            lines.append(f"  batch {self.global_batch} ({self.per_replica} per replica), "
+                         f"{self.epochs} epoch{'s' * (self.epochs != 1)}"
+                         + (" — interrupted, weights kept" if self.interrupted else ""))
+            if self.compile_seconds is not None:
+                lines.append(f"  compile (first step): {self.compile_seconds:.2f} s")
+            if self.samples_per_second:
+                lines.append(f"  steady state: {self.samples_per_second:,.0f} samples/s")
+            if self.epoch_seconds:
+                per = ", ".join(f"{s:.2f}" for s in self.epoch_seconds[-5:])
+                lines.append(f"  time per epoch (s): {per}")
+            if self.metrics:
+                lines.append("  final: " + _fmt(self.metrics))
+        for result in self.evaluations:
+            lines.append("  evaluate: " + _fmt(result))
+        for rows in self.predictions:
+            lines.append(f"  predict: {rows} rows")
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, p, cycle):
+        p.text(self.summary())
+
+
+def _fmt(values: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.4g}" for k, v in values.items())

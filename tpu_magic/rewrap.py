@@ -1,0 +1,165 @@
+"""Rebuilding a model made outside the distribution strategy inside it.
+
+Keras's own rule (backend/tensorflow/trainer.py): "Model must be created under
+scope of DistStrat it will be trained with". Measured: `fit` in the scope on a
+model built outside fails with a bare AssertionError, "Mixing different
+tf.distribute.Strategy objects" or "colocate_vars_with must only be passed a
+variable created in this tf.distribute.Strategy.scope()". So variables are not
+moved: the model is rebuilt from its config inside the scope, weights copied, and compiled anew
+from its compile config (a new optimizer; the old object cannot be reused).
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import types
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, MutableMapping
+
+import keras
+
+from tpu_magic.errors import RewrapError
+
+
+@dataclass(frozen=True)
+class Rewrapped:
+    """One model rebuilt inside the strategy, and the names that now point at it."""
+
+    names: tuple[str, ...]
+    old: Any
+    new: Any
+    optimizer_state_copied: bool
+
+    def summary(self, strategy_name: str, replicas: int) -> str:
+        state = ", optimizer state" if self.optimizer_state_copied else ""
+        also = f" (also named {', '.join(f'`{n}`' for n in self.names[1:])})" if self.names[1:] else ""
+        return (
+            f"`{self.names[0]}`{also} was built outside {strategy_name}: "
+            f"rebuilt inside it for {replicas} replica{'s' * (replicas != 1)} (same weights{state} "
+            "and compile settings); the name now points at the new model."
+        )
+
+
+def _variables(model: Any) -> list[Any]:
+    found = list(model.weights)
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None:
+        found += list(optimizer.variables)
+    return found
+
+
+def built_outside(model: Any, strategy: Any) -> bool:
+    """True when the model belongs to another strategy: its own, or its (optimizer's) variables'."""
+    own = getattr(model, "_distribute_strategy", None)  # Keras sets it when made in a scope
+    if own is not None and own is not strategy:
+        return True
+    return any(
+        not strategy.extended.variable_created_in_scope(getattr(v, "value", v))
+        for v in _variables(model)
+    )
+
+
+def custom_objects_from(namespace: Mapping[str, Any], model: Any) -> dict[str, Any]:
+    """Functions and classes a notebook defined, so a custom loss or layer deserializes."""
+    found = {
+        name: obj for name, obj in namespace.items()
+        if not name.startswith("_") and isinstance(obj, (types.FunctionType, type))
+    }
+    loss = getattr(model, "loss", None)
+    if isinstance(loss, types.FunctionType):
+        found[loss.__name__] = loss
+    return found
+
+
+def rewrap(model: Any, strategy: Any, custom_objects: Mapping[str, Any]) -> tuple[Any, bool]:
+    """Clones `model` inside `strategy.scope()` with the same weights and compile settings.
+
+    Returns:
+        (the new model, whether the optimizer's state was copied too).
+
+    Raises:
+        RewrapError: the model cannot be cloned (e.g. a subclassed model).
+    """
+    name = getattr(model, "name", type(model).__name__)
+    # Variables of another strategy can only be read inside that strategy's scope.
+    with _own_scope(model):
+        weights = model.get_weights() if model.built else []
+        compile_config = model.get_compile_config() if model.compiled else None
+        old_optimizer = getattr(model, "optimizer", None)
+        optimizer_state = ([v.numpy() for v in old_optimizer.variables]
+                           if old_optimizer is not None and old_optimizer.built else None)
+        config = model.get_config() if _is_graph_model(model) else None
+    if config is None:
+        raise RewrapError(
+            f"model {name!r} ({type(model).__name__}) was built outside the strategy and "
+            "cannot be rebuilt inside it (only Sequential and functional models can be cloned). "
+            "Build it inside a %%tpu_train cell, where models are created for the strategy."
+        )
+    with keras.saving.custom_object_scope(dict(custom_objects)), strategy.scope():
+        new = model.__class__.from_config(config)
+        if weights:
+            new.set_weights(weights)
+        if compile_config:
+            new.compile_from_config(compile_config)  # a new optimizer from the old one's config
+        copied = _restore_optimizer_state(new, optimizer_state)
+    return new, copied
+
+
+def _is_graph_model(model: Any) -> bool:
+    """Sequential and functional models rebuild from their config; subclassed ones may not."""
+    return isinstance(model, keras.Sequential) or type(model).__name__ == "Functional"
+
+
+def _own_scope(model: Any):
+    own = getattr(model, "_distribute_strategy", None)
+    return own.scope() if own is not None else contextlib.nullcontext()
+
+
+def _restore_optimizer_state(new: Any, state: list | None) -> bool:
+    optimizer = getattr(new, "optimizer", None)
+    if optimizer is None or state is None:
+        return False
+    if not optimizer.built:
+        optimizer.build(new.trainable_variables)
+    variables = optimizer.variables
+    if len(variables) != len(state) or any(tuple(v.shape) != a.shape for v, a in zip(variables, state)):
+        return False
+    for variable, value in zip(variables, state):
+        variable.assign(value)
+    return True
+
+
+def names_in(cell: str) -> set[str]:
+    """Names a cell reads before it assigns them (the models it uses, not those it makes)."""
+    try:
+        tree = ast.parse(cell)
+    except SyntaxError:
+        return set()
+    reads: set[str] = set()
+    assigned: set[str] = set()
+    for statement in tree.body:
+        names = [n for n in ast.walk(statement) if isinstance(n, ast.Name)]
+        reads |= {n.id for n in names if isinstance(n.ctx, ast.Load)} - assigned
+        assigned |= {n.id for n in names if isinstance(n.ctx, ast.Store)}
+    return reads
+
+
+def rewrap_namespace(
+    namespace: MutableMapping[str, Any], names: Iterable[str], strategy: Any
+) -> list[Rewrapped]:
+    """Rewraps every model among `names` that was built outside `strategy`, rebinding all names.
+
+    Every name in the namespace that pointed at an old model points at its new one.
+    """
+    done: list[Rewrapped] = []
+    for name in sorted(names):
+        model = namespace.get(name)
+        if not isinstance(model, keras.Model) or not built_outside(model, strategy):
+            continue
+        new, copied = rewrap(model, strategy, custom_objects_from(namespace, model))
+        rebound = tuple(sorted(k for k, v in namespace.items() if v is model and not k.startswith("_")))
+        for key in rebound:
+            namespace[key] = new
+        done.append(Rewrapped(rebound, model, new, copied))
+    return done

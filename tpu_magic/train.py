@@ -1,0 +1,386 @@
+"""Running a cell's Keras training on the session's strategy.
+
+While a `%%tpu_train` cell runs, `keras.Model.fit`, `evaluate` and `predict` are
+routed through `TrainingCell`: the batch is checked before anything runs, NumPy
+inputs become padded tf.data pipelines (see `pipeline`), metrics count only real
+samples (see `exact_metrics`), and `fit` gets a live progress bar and a report.
+The originals are restored when the cell ends, also on error. Calls Keras makes
+from inside these methods (e.g. `fit`'s validation `evaluate`) pass straight through.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import math
+import signal
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, MutableMapping
+
+import keras
+import tensorflow as tf
+
+from tpu_magic import pipeline
+from tpu_magic.batching import BatchPlan, plan_batches, scaled_learning_rate
+from tpu_magic.errors import BatchSizeError, RewrapError
+from tpu_magic.exact_metrics import real_samples_only
+from tpu_magic.progress import FitProgress, FitTiming
+from tpu_magic.report import TrainReport
+from tpu_magic.rewrap import built_outside, names_in, rewrap_namespace
+from tpu_magic.session import Session
+
+KERAS_DEFAULT_BATCH = 32
+_ORIGINAL = {name: getattr(keras.Model, name) for name in ("fit", "evaluate", "predict")}
+_SIGNATURE = {name: inspect.signature(method) for name, method in _ORIGINAL.items()}
+_local = threading.local()
+# The learning rate each model had before --scale-lr first scaled it.
+_base_learning_rate: "weakref.WeakKeyDictionary[Any, float]" = weakref.WeakKeyDictionary()
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """The flags of `%%tpu_train`."""
+
+    batch_size: int | None = None
+    epochs: int | None = None
+    scale_lr: bool = False
+    steps_per_execution: int | None = None
+    progress: bool = True
+
+
+class TrainingCell:
+    """Routes every Keras `fit`/`evaluate`/`predict` through tpu_magic while a cell runs.
+
+    Args:
+        session: the connected session.
+        options: the cell's flags.
+        namespace: the user's namespace (models are looked up and rebound there).
+        say: prints one line to the user.
+        bar: a tqdm-like class for progress bars (None: no bars).
+        on_epoch: called with (epoch, logs) after each epoch.
+    """
+
+    def __init__(self, session: Session, options: TrainOptions,
+                 namespace: MutableMapping[str, Any], say: Callable[[str], None] = print,
+                 bar: Any = None, on_epoch: Callable[[int, dict], None] | None = None):
+        self.session = session
+        self.options = options
+        self.namespace = namespace
+        self.say = say
+        self.bar = bar
+        self.on_epoch = on_epoch
+        self.report = TrainReport(strategy=type(session.strategy).__name__,
+                                  replicas=session.replicas)
+        self.last_model: Any = None
+        self.last_fit: dict[str, Any] | None = None
+
+    def run(self, execute: Callable[[], Any], cell: str) -> TrainReport:
+        """Rewraps the models the cell names, then runs it with the strategy in force."""
+        start = time.perf_counter()
+        strategy = self.session.strategy
+        if self.options.batch_size is not None:  # a bad flag fails before anything runs
+            plan_batches(self.options.batch_size, self.session.replicas, what="--batch-size")
+        for done in rewrap_namespace(self.namespace, names_in(cell), strategy):
+            line = done.summary(type(strategy).__name__, self.session.replicas)
+            self.report.rewrapped.extend(done.names)
+            self.say(line)
+        try:
+            with strategy.scope(), self._routed():
+                execute()
+        finally:
+            self.report.seconds = time.perf_counter() - start
+            self.report.model_name = self._name_of(self.last_model)
+        return self.report
+
+    # -- routing ---------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _routed(self) -> Iterator[None]:
+        cell = self
+
+        def fit(model, *args, **kwargs):
+            return cell._route("fit", model, args, kwargs)
+
+        def evaluate(model, *args, **kwargs):
+            return cell._route("evaluate", model, args, kwargs)
+
+        def predict(model, *args, **kwargs):
+            return cell._route("predict", model, args, kwargs)
+
+        for name, routed in (("fit", fit), ("evaluate", evaluate), ("predict", predict)):
+            routed.__doc__ = _ORIGINAL[name].__doc__
+            routed.__wrapped__ = _ORIGINAL[name]
+            setattr(keras.Model, name, routed)
+        try:
+            with real_samples_only():
+                yield
+        finally:
+            for name, original in _ORIGINAL.items():
+                setattr(keras.Model, name, original)
+
+    def _route(self, name: str, model: Any, args: tuple, kwargs: dict) -> Any:
+        if getattr(_local, "depth", 0):  # Keras calling itself, e.g. fit's validation
+            return _ORIGINAL[name](model, *args, **kwargs)
+        bound = _SIGNATURE[name].bind(model, *args, **kwargs)
+        named = set(bound.arguments)
+        bound.apply_defaults()
+        call = dict(bound.arguments)
+        call.pop("self")
+        call.update(call.pop("kwargs", {}))
+        if built_outside(model, self.session.strategy):
+            label = self._name_of(model) or model.name
+            raise RewrapError(
+                f"model {label!r} was built outside {type(self.session.strategy).__name__}, and "
+                "this cell reaches it without naming it. Name it in the cell (tpu_magic rebuilds "
+                "the models a cell names) or build it inside the %%tpu_train cell."
+            )
+        _local.depth = 1
+        try:
+            return getattr(self, "_" + name)(model, call, named)
+        finally:
+            _local.depth = 0
+
+    # -- shared steps ----------------------------------------------------------------------
+
+    def _plan(self, model: Any, call: dict, named: set, key: str = "batch_size") -> BatchPlan:
+        replicas = self.session.replicas
+        static = _static_batch(model)
+        static_per_replica = None
+        if static is not None:
+            if static % replicas:
+                raise BatchSizeError(
+                    f"the model's Input has a static batch size of {static}, which is not "
+                    f"divisible by {replicas} replicas; give the Input the per-replica size "
+                    f"(e.g. {max(1, static // replicas)}) or no batch size"
+                )
+            static_per_replica = static if self.session.replicas > 1 else None
+        data = call.get("x")
+        if _is_dataset(data):
+            batch = pipeline.dataset_batch_size(data)
+            if batch is None:
+                return BatchPlan(0, replicas, 0)
+            return plan_batches(batch, replicas, tpu_rules=self.session.tpu_rules,
+                                what="the dataset's batch")
+        if key in named and call.get(key) is not None:
+            batch, what = call[key], key
+        elif self.options.batch_size is not None:
+            batch, what = self.options.batch_size, "--batch-size"
+        elif static is not None:
+            batch, what = (static_per_replica or static) * replicas, key
+        else:
+            batch, what = KERAS_DEFAULT_BATCH, f"{key} (Keras's default)"
+        if static is not None and replicas == 1:
+            static_per_replica = static
+        plan = plan_batches(batch, replicas, tpu_rules=self.session.tpu_rules,
+                            static_per_replica=static_per_replica, what=what)
+        for warning in plan.warnings:
+            self._note(warning, "warning: ")
+        return plan
+
+    def _note(self, text: str, prefix: str = "note: ") -> None:
+        """Tells the user once per cell, and keeps it in the report."""
+        if text not in self.report.notes:
+            self.report.notes.append(text)
+            self.say(prefix + text)
+
+    def _prepare(self, model: Any) -> None:
+        """Per-model settings, and a retrace the first time tpu_magic runs the model."""
+        k = self.options.steps_per_execution or model.steps_per_execution
+        retrace = not getattr(model, "_tpu_magic_traced", False)
+        if k > 1 and self.session.replicas > 1 and \
+                isinstance(self.session.strategy, tf.distribute.MirroredStrategy):
+            self._note(f"steps_per_execution {k} fails in Keras 3 under MirroredStrategy with "
+                       f"{self.session.replicas} replicas (keras-team/keras#19246): running 1 step "
+                       "per execution here; on a TPU it applies.")
+            k = 1
+        if model.steps_per_execution != k:
+            model.steps_per_execution = k
+            retrace = True
+        if retrace:
+            # Functions traced outside `real_samples_only` would count padded samples.
+            model.train_function = model.test_function = model.predict_function = None
+            model._tpu_magic_traced = True
+
+    def _scale_learning_rate(self, model: Any, plan: BatchPlan) -> None:
+        optimizer = getattr(model, "optimizer", None)
+        if not self.options.scale_lr or optimizer is None:
+            return
+        if isinstance(optimizer.learning_rate, keras.optimizers.schedules.LearningRateSchedule) or \
+                isinstance(getattr(optimizer, "_learning_rate", None),
+                           keras.optimizers.schedules.LearningRateSchedule):
+            note = "--scale-lr: the learning rate is a schedule, left as it is"
+        else:
+            base = _base_learning_rate.setdefault(model, float(optimizer.learning_rate.numpy()))
+            scaled = scaled_learning_rate(base, plan)
+            optimizer.learning_rate = scaled
+            note = (f"--scale-lr: learning rate {base:g} → {scaled:g} (×{plan.replicas}: global "
+                    f"batch {plan.global_batch} = {plan.replicas} × {plan.per_replica} per replica)")
+        self._note(note, "")
+
+    def _name_of(self, model: Any) -> str | None:
+        if model is None:
+            return None
+        names = sorted(k for k, v in self.namespace.items() if v is model and not k.startswith("_"))
+        return names[0] if names else None
+
+    # -- the three methods -----------------------------------------------------------------
+
+    def _fit(self, model: Any, call: dict, named: set) -> Any:
+        plan = self._plan(model, call, named)
+        if "epochs" not in named and self.options.epochs is not None:
+            call["epochs"] = self.options.epochs
+        self._scale_learning_rate(model, plan)
+        self._prepare(model)
+        self.last_fit = dict(call)
+        x, y, weights = call["x"], call["y"], call["sample_weight"]
+        if pipeline.is_array_input(x) and (y is None or pipeline.is_array_input(y)):
+            split = call.get("validation_split") or 0.0
+            if split and call.get("validation_data") is None:
+                cut = int(math.floor(pipeline.num_samples(x) * (1.0 - split)))
+                head, tail = _split((x, y, weights), cut)
+                (x, y, weights), call["validation_data"] = head, tail
+                call["validation_split"] = 0.0
+            endless = model.steps_per_execution == 1 or call.get("steps_per_epoch") is not None
+            train = pipeline.train_pipeline(x, y, weights, plan.global_batch,
+                                            shuffle=bool(call.get("shuffle", True)), repeat=endless)
+            call.update(x=train.dataset, y=None, sample_weight=None, batch_size=None, shuffle=False,
+                        steps_per_epoch=call.get("steps_per_epoch") or (train.steps if endless else None))
+        self._validation(model, call, named, plan)
+        timing = FitTiming(global_batch=plan.global_batch)
+        progress = FitProgress(timing, bar=self.bar if self.options.progress else None,
+                               on_epoch=self.on_epoch)
+        call["callbacks"] = list(call.get("callbacks") or []) + [progress]
+        if self.options.progress:
+            call["verbose"] = 0
+        interrupted = False
+        with _stop_on_interrupt(model) as stop:
+            try:
+                history = _ORIGINAL["fit"](model, **call)
+            except KeyboardInterrupt:
+                interrupted, history = True, getattr(model, "history", None)
+            finally:
+                progress.close()
+        interrupted = interrupted or stop.requested
+        self._record_fit(model, plan, timing, history, interrupted)
+        if interrupted:
+            self.say(f"Interrupted after {timing.steps_done} steps: the model keeps the weights "
+                     "learned so far.")
+        return history
+
+    def _validation(self, model: Any, call: dict, named: set, plan: BatchPlan) -> None:
+        data = call.get("validation_data")
+        if data is None or _is_dataset(data):
+            return
+        vx, vy, vw = (tuple(data) + (None, None))[:3]
+        if not (pipeline.is_array_input(vx) and pipeline.is_array_input(vy)):
+            return
+        batch = call.get("validation_batch_size") or plan.global_batch
+        vplan = plan_batches(batch, self.session.replicas, what="validation_batch_size",
+                             static_per_replica=plan.per_replica if _static_batch(model) else None)
+        evaluation = pipeline.eval_pipeline(vx, vy, vw, vplan.global_batch)
+        call.update(validation_data=evaluation.dataset, validation_batch_size=None,
+                    validation_steps=call.get("validation_steps") or evaluation.steps)
+
+    def _record_fit(self, model, plan, timing, history, interrupted) -> None:
+        r = self.report
+        r.fits += 1
+        r.global_batch, r.per_replica = plan.global_batch, plan.per_replica
+        r.epochs = len(timing.epoch_seconds)
+        r.steps = timing.steps_done
+        r.compile_seconds = timing.compile_seconds
+        r.samples_per_second = timing.samples_per_second
+        r.epoch_seconds = list(timing.epoch_seconds)
+        r.metrics = dict(timing.last_logs)
+        r.history = history
+        r.interrupted = interrupted
+        self.last_model = model
+        self.session.last_model = model
+        self.session.last_model_name = self._name_of(model)
+
+    def _evaluate(self, model: Any, call: dict, named: set) -> Any:
+        plan = self._plan(model, call, named)
+        self._prepare(model)
+        x, y, weights = call["x"], call["y"], call["sample_weight"]
+        if pipeline.is_array_input(x) and pipeline.is_array_input(y):
+            evaluation = pipeline.eval_pipeline(x, y, weights, plan.global_batch)
+            call.update(x=evaluation.dataset, y=None, sample_weight=None, batch_size=None,
+                        steps=call.get("steps") or evaluation.steps)
+        if self.options.progress:
+            call["verbose"] = 0
+        wanted_dict = call.get("return_dict", False)
+        call["return_dict"] = True
+        result = _ORIGINAL["evaluate"](model, **call)
+        self.report.evaluations.append({k: float(v) for k, v in result.items()})
+        if self.last_model is None:
+            self.last_model = model
+        # Keras's own ordering of a non-dict result (a scalar for a single value).
+        return result if wanted_dict else model._flatten_metrics_in_order(result)
+
+    def _predict(self, model: Any, call: dict, named: set) -> Any:
+        plan = self._plan(model, call, named)
+        self._prepare(model)
+        x = call["x"]
+        if self.options.progress:
+            call["verbose"] = 0
+        if not pipeline.is_array_input(x):
+            out = _ORIGINAL["predict"](model, **call)
+        else:
+            samples = pipeline.predict_pipeline(x, plan.global_batch)
+            call.update(x=samples.dataset, batch_size=None, steps=samples.steps)
+            out = pipeline.trim(_ORIGINAL["predict"](model, **call), samples.samples)
+        rows = len(keras.tree.flatten(out)[0])
+        self.report.predictions.append(rows)
+        return out
+
+
+def _is_dataset(data: Any) -> bool:
+    return hasattr(data, "element_spec")
+
+
+def _static_batch(model: Any) -> int | None:
+    """A batch size fixed in the model's Input(s), e.g. `keras.Input(batch_shape=(128, 40))`."""
+    try:
+        sizes = {t.shape[0] for t in model.inputs}
+    except (AttributeError, TypeError, ValueError):
+        return None
+    sizes.discard(None)
+    return sizes.pop() if len(sizes) == 1 else None
+
+
+def _split(arrays: Any, cut: int) -> tuple[Any, Any]:
+    """Keras's validation_split: the last samples, before shuffling, are for validation."""
+    def part(piece: slice) -> tuple:
+        return tuple(None if a is None else keras.tree.map_structure(lambda v: v[piece], a)
+                     for a in arrays)
+
+    return part(slice(None, cut)), part(slice(cut, None))
+
+
+class _StopRequest:
+    requested = False
+
+
+@contextlib.contextmanager
+def _stop_on_interrupt(model: Any) -> Iterator[_StopRequest]:
+    """Ctrl-C stops `fit` at the next batch boundary; a second Ctrl-C interrupts at once."""
+    stop = _StopRequest()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    previous = signal.getsignal(signal.SIGINT)
+
+    def handler(signum, frame):
+        if stop.requested:
+            signal.signal(signal.SIGINT, previous)
+            raise KeyboardInterrupt
+        stop.requested = True
+        model.stop_training = True
+
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGINT, previous)
