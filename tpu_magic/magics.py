@@ -58,13 +58,16 @@ class TpuMagics(Magics, Configurable):
 
         from tpu_magic.check import run_check
         from tpu_magic.connect import connect
+        from tpu_magic.quiet import quiet_native_logs, tensorflow_info_silenced
         from tpu_magic.session import session
 
         args = parse_argstring(self.tpu_connect, line)
-        result = connect(
-            args.target, simulate=args.simulate,
-            timeout=self.timeout if args.timeout is None else args.timeout,
-        )
+        quiet_native_logs()
+        with tensorflow_info_silenced():
+            result = connect(
+                args.target, simulate=args.simulate,
+                timeout=self.timeout if args.timeout is None else args.timeout,
+            )
         if args.check:
             result = replace(result, check=run_check(session()))
         return result
@@ -83,6 +86,7 @@ class TpuMagics(Magics, Configurable):
     def tpu_train(self, line, cell):
         """Run the cell's Keras training on the connected accelerator."""
         from tpu_magic.connect import connect
+        from tpu_magic.quiet import quiet_native_logs, tensorflow_info_silenced
         from tpu_magic.session import session
 
         args = parse_argstring(self.tpu_train, line)
@@ -91,7 +95,9 @@ class TpuMagics(Magics, Configurable):
             if value is not None and value < 1:
                 raise UsageError(f"{flag} {value} must be 1 or more")
         if session() is None:
-            print(connect("auto", timeout=self.timeout).summary())
+            quiet_native_logs()
+            with tensorflow_info_silenced():
+                print(connect("auto", timeout=self.timeout).summary())
         from tpu_magic.train import TrainingCell, TrainOptions
 
         options = TrainOptions(batch_size=args.batch_size, epochs=args.epochs,
@@ -101,7 +107,8 @@ class TpuMagics(Magics, Configurable):
         training = TrainingCell(session(), options, self.shell.user_ns, bar=_progress_bar())
         code = self.shell.transform_cell(cell)
         # `ex` lets the cell's own exceptions reach the user unchanged (run_cell swallows them).
-        return training.run(lambda: self.shell.ex(code), cell)
+        with tensorflow_info_silenced():
+            return training.run(lambda: self.shell.ex(code), cell)
 
 
 def _progress_bar():

@@ -145,7 +145,8 @@ class TrainingCell:
 
     # -- shared steps ----------------------------------------------------------------------
 
-    def _plan(self, model: Any, call: dict, named: set, key: str = "batch_size") -> BatchPlan:
+    def _plan(self, method: str, model: Any, call: dict, named: set,
+              key: str = "batch_size") -> BatchPlan:
         replicas = self.session.replicas
         static = _static_batch(model)
         static_per_replica = None
@@ -170,8 +171,12 @@ class TrainingCell:
             batch, what = self.options.batch_size, "--batch-size"
         elif static is not None:
             batch, what = (static_per_replica or static) * replicas, key
+        elif method == "fit":
+            batch, what = KERAS_DEFAULT_BATCH, key  # Keras's default, advice included
         else:
-            batch, what = KERAS_DEFAULT_BATCH, f"{key} (Keras's default)"
+            # evaluate/predict: any batch gives the same results, so pick one that fits.
+            unit = replicas * (8 if self.session.tpu_rules else 1)
+            batch, what = math.ceil(KERAS_DEFAULT_BATCH / unit) * unit, key
         if static is not None and replicas == 1:
             static_per_replica = static
         plan = plan_batches(batch, replicas, tpu_rules=self.session.tpu_rules,
@@ -229,7 +234,7 @@ class TrainingCell:
     # -- the three methods -----------------------------------------------------------------
 
     def _fit(self, model: Any, call: dict, named: set) -> Any:
-        plan = self._plan(model, call, named)
+        plan = self._plan("fit", model, call, named)
         if "epochs" not in named and self.options.epochs is not None:
             call["epochs"] = self.options.epochs
         self._scale_learning_rate(model, plan)
@@ -301,7 +306,7 @@ class TrainingCell:
         self.session.last_model_name = self._name_of(model)
 
     def _evaluate(self, model: Any, call: dict, named: set) -> Any:
-        plan = self._plan(model, call, named)
+        plan = self._plan("evaluate", model, call, named)
         self._prepare(model)
         x, y, weights = call["x"], call["y"], call["sample_weight"]
         if pipeline.is_array_input(x) and pipeline.is_array_input(y):
@@ -320,7 +325,7 @@ class TrainingCell:
         return result if wanted_dict else model._flatten_metrics_in_order(result)
 
     def _predict(self, model: Any, call: dict, named: set) -> Any:
-        plan = self._plan(model, call, named)
+        plan = self._plan("predict", model, call, named)
         self._prepare(model)
         x = call["x"]
         if self.options.progress:
