@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from tpu_magic import pipeline
 from tpu_magic.batching import BatchPlan, plan_batches, scaled_learning_rate
-from tpu_magic.errors import BatchSizeError, RewrapError
+from tpu_magic.errors import RewrapError
 from tpu_magic.exact_metrics import real_samples_only
 from tpu_magic.progress import FitProgress, FitTiming
 from tpu_magic.report import TrainReport
@@ -148,16 +148,8 @@ class TrainingCell:
     def _plan(self, method: str, model: Any, call: dict, named: set,
               key: str = "batch_size") -> BatchPlan:
         replicas = self.session.replicas
+        # A batch size fixed in the Input is what each replica gets (Keras splits per replica).
         static = _static_batch(model)
-        static_per_replica = None
-        if static is not None:
-            if static % replicas:
-                raise BatchSizeError(
-                    f"the model's Input has a static batch size of {static}, which is not "
-                    f"divisible by {replicas} replicas; give the Input the per-replica size "
-                    f"(e.g. {max(1, static // replicas)}) or no batch size"
-                )
-            static_per_replica = static if self.session.replicas > 1 else None
         data = call.get("x")
         if _is_dataset(data):
             batch = pipeline.dataset_batch_size(data)
@@ -170,17 +162,15 @@ class TrainingCell:
         elif self.options.batch_size is not None:
             batch, what = self.options.batch_size, "--batch-size"
         elif static is not None:
-            batch, what = (static_per_replica or static) * replicas, key
+            batch, what = static * replicas, key
         elif method == "fit":
             batch, what = KERAS_DEFAULT_BATCH, key  # Keras's default, advice included
         else:
             # evaluate/predict: any batch gives the same results, so pick one that fits.
             unit = replicas * (8 if self.session.tpu_rules else 1)
             batch, what = math.ceil(KERAS_DEFAULT_BATCH / unit) * unit, key
-        if static is not None and replicas == 1:
-            static_per_replica = static
         plan = plan_batches(batch, replicas, tpu_rules=self.session.tpu_rules,
-                            static_per_replica=static_per_replica, what=what)
+                            static_per_replica=static, what=what)
         for warning in plan.warnings:
             self._note(warning, "warning: ")
         return plan
