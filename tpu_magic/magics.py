@@ -94,20 +94,19 @@ class TpuMagics(Magics, Configurable):
                             ("--steps-per-execution", args.steps_per_execution)):
             if value is not None and value < 1:
                 raise UsageError(f"{flag} {value} must be 1 or more")
-        if session() is None:
-            quiet_native_logs()
-            with tensorflow_info_silenced():
-                print(connect("auto", timeout=self.timeout).summary())
-        from tpu_magic.train import TrainingCell, TrainOptions
-
-        options = TrainOptions(batch_size=args.batch_size, epochs=args.epochs,
-                               scale_lr=args.scale_lr,
-                               steps_per_execution=args.steps_per_execution,
-                               progress=not args.no_progress)
-        training = TrainingCell(session(), options, self.shell.user_ns, bar=_progress_bar())
-        code = self.shell.transform_cell(cell)
-        # `ex` lets the cell's own exceptions reach the user unchanged (run_cell swallows them).
+        quiet_native_logs()
         with tensorflow_info_silenced():
+            if session() is None:
+                print(connect("auto", timeout=self.timeout).summary())
+            from tpu_magic.train import TrainingCell, TrainOptions
+
+            options = TrainOptions(batch_size=args.batch_size, epochs=args.epochs,
+                                   scale_lr=args.scale_lr,
+                                   steps_per_execution=args.steps_per_execution,
+                                   progress=not args.no_progress)
+            training = TrainingCell(session(), options, self.shell.user_ns, bar=_progress_bar())
+            code = self.shell.transform_cell(cell)
+            # `ex` lets the cell's own exceptions reach the user unchanged (run_cell swallows them).
             return training.run(lambda: self.shell.ex(code), cell)
 
 

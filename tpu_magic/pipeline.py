@@ -11,7 +11,7 @@ stalls at every epoch start; `repeat()` + `steps_per_epoch` + prefetch does not.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import tensorflow as tf
@@ -70,6 +70,29 @@ def _constants(arrays: Any) -> Any:
         return tf.nest.map_structure(tf.convert_to_tensor, _as_tuple(arrays))
 
 
+def _labelled_loader(x: Any, y: Any, sample_weight: Any, pad: int,
+                     weigh: Callable[[tf.Tensor], tf.Tensor]) -> Callable[[tf.Tensor], Any]:
+    """Maps a batch of indices (-1 = padding) to (x, y[, weight]).
+
+    Weights are added only where needed (padding or the user's own weights):
+    `weigh` turns the batch's real-sample mask into weights, times the user's.
+    """
+    data = _constants((x, y, sample_weight) if sample_weight is not None else (x, y))
+    weighted = pad > 0 or sample_weight is not None
+
+    def load(index):
+        real = index >= 0
+        picked = _gather(data, tf.where(real, index, 0))
+        if not weighted:
+            return picked
+        weight = weigh(tf.cast(real, tf.float32))
+        if sample_weight is not None:
+            weight = weight * tf.cast(picked[2], tf.float32)
+        return picked[0], picked[1], weight
+
+    return load
+
+
 def train_pipeline(x: Any, y: Any, sample_weight: Any, batch: int, shuffle: bool,
                    repeat: bool = True) -> Pipeline:
     """Shuffled batches for `fit`; each padded batch's weights are rescaled to it.
@@ -84,20 +107,8 @@ def train_pipeline(x: Any, y: Any, sample_weight: Any, batch: int, shuffle: bool
     """
     samples = num_samples(x)
     indices, steps, pad = _index_batches(samples, batch, shuffle, repeat=repeat)
-    data = _constants((x, y, sample_weight) if sample_weight is not None else (x, y))
-    weighted = pad > 0 or sample_weight is not None
-
-    def load(index):
-        real = index >= 0
-        picked = _gather(data, tf.where(real, index, 0))
-        if not weighted:
-            return picked
-        mask = tf.cast(real, tf.float32)
-        weight = mask * (batch / tf.maximum(tf.reduce_sum(mask), 1.0))
-        if sample_weight is not None:
-            weight = weight * tf.cast(picked[2], tf.float32)
-        return picked[0], picked[1], weight
-
+    load = _labelled_loader(x, y, sample_weight, pad,
+                            lambda mask: mask * (batch / tf.maximum(tf.reduce_sum(mask), 1.0)))
     dataset = indices.map(load, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
     return Pipeline(dataset, steps, samples, pad)
 
@@ -110,19 +121,8 @@ def eval_pipeline(x: Any, y: Any, sample_weight: Any, batch: int) -> Pipeline:
     """
     samples = num_samples(x)
     indices, steps, pad = _index_batches(samples, batch, shuffle=False, repeat=False)
-    data = _constants((x, y, sample_weight) if sample_weight is not None else (x, y))
     scale = (samples + pad) / samples
-
-    def load(index):
-        real = index >= 0
-        picked = _gather(data, tf.where(real, index, 0))
-        if not pad and sample_weight is None:
-            return picked
-        weight = tf.cast(real, tf.float32) * scale
-        if sample_weight is not None:
-            weight = weight * tf.cast(picked[2], tf.float32)
-        return picked[0], picked[1], weight
-
+    load = _labelled_loader(x, y, sample_weight, pad, lambda mask: mask * scale)
     dataset = indices.map(load, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
     return Pipeline(dataset, steps, samples, pad)
 

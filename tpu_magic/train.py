@@ -75,7 +75,6 @@ class TrainingCell:
         self.report = TrainReport(strategy=type(session.strategy).__name__,
                                   replicas=session.replicas)
         self.last_model: Any = None
-        self.last_fit: dict[str, Any] | None = None
 
     def run(self, execute: Callable[[], Any], cell: str) -> TrainReport:
         """Rewraps the models the cell names, then runs it with the strategy in force."""
@@ -229,7 +228,6 @@ class TrainingCell:
             call["epochs"] = self.options.epochs
         self._scale_learning_rate(model, plan)
         self._prepare(model)
-        self.last_fit = dict(call)
         x, y, weights = call["x"], call["y"], call["sample_weight"]
         if pipeline.is_array_input(x) and (y is None or pipeline.is_array_input(y)):
             split = call.get("validation_split") or 0.0
