@@ -381,3 +381,47 @@ def test_without_a_connect_it_connects_first(fresh, monkeypatch, capsys):
     report = train(fresh, DENSE + "model.fit(x[:64], y[:64], batch_size=32)")
     assert tpu_magic.session() is not None and report.epochs == 1
     assert "Connected" in capsys.readouterr().out
+
+
+def test_evaluate_and_predict_default_batch_needs_no_tpu_advice(digits):
+    train(digits, DENSE + "model.fit(x[:128], y[:128], batch_size=64)")
+    report = train(digits, "rows = model.predict(x[:20])\nscore = model.evaluate(x[:20], y[:20])")
+    # Keras's default of 32 would be 4 per replica, which earns the multiple-of-8 advice.
+    assert not any("multiple of 8" in n for n in report.notes)
+    assert digits.user_ns["rows"].shape == (20, 10) and report.predictions == [20]
+
+
+def test_tensorflow_info_lines_are_dropped_only_while_silenced():
+    import logging
+
+    from tpu_magic.quiet import tensorflow_info_silenced
+
+    seen = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    logger = logging.getLogger("tensorflow")
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        with tensorflow_info_silenced():
+            logger.info("strategy chatter")
+            logger.warning("a real warning")
+        logger.info("after")
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    assert seen == ["a real warning", "after"]
+
+
+def test_native_log_level_is_set_only_when_the_user_chose_none(monkeypatch):
+    import os
+
+    from tpu_magic.quiet import quiet_native_logs
+
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")
+    quiet_native_logs()
+    assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "0"
+    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL")
+    quiet_native_logs()
+    assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "2"
