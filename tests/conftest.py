@@ -56,6 +56,15 @@ def sim8(fresh):
 
 
 @pytest.fixture
+def digits(sim8):
+    """8 simulated replicas, with sklearn's digits as `x` and `y` in the namespace."""
+    from cells import SETUP
+
+    sim8.run_cell(SETUP)
+    return sim8
+
+
+@pytest.fixture
 def closed_port():
     """A loopback port that nothing listens on."""
     with socket.socket() as s:

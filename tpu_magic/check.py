@@ -121,7 +121,7 @@ def measure_matmul(tf: Any, device: str, dtype: str, n: int, min_seconds: float 
     return 2.0 * n ** 3 * runs / elapsed / 1e12
 
 
-def _memory(tf: Any, kind: str, device: str) -> str | None:
+def device_memory(tf: Any, kind: str, device: str) -> str | None:
     if kind in ("gpu", "tpu"):
         try:
             info = tf.config.experimental.get_memory_info(device.lstrip("/").upper())
@@ -151,7 +151,7 @@ def run_check(s: Session, env: Mapping[str, str] | None = None) -> DeviceCheck:
     versions = installed_versions()
     return DeviceCheck(
         kind=s.kind, device_type=device_type, device_count=max(len(s.devices), 1),
-        replicas=s.replicas, memory=_memory(tf, s.kind, device), versions=versions,
+        replicas=s.replicas, memory=device_memory(tf, s.kind, device), versions=versions,
         warnings=tuple(version_warnings(versions)), dtype=dtype, matmul_size=n,
         measured_tflops=measure_matmul(tf, device, dtype, n),
         peak_tflops=nominal_peak(s.kind, device_type, env),

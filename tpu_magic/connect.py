@@ -140,10 +140,7 @@ def connect(
             f"(Runtime > Restart session), then `%tpu_connect {chosen.address}`."
         )
     if chosen.is_tpu_node and _initialized_tpu is None:
-        if chosen.address.lower().startswith("grpc://"):
-            host, port = parse_grpc_address(chosen.address)
-            probe.probe_tcp(host, port, timeout)
-        probe_tf(chosen.address, timeout)
+        _probe_node(chosen, timeout, probe_tf)
 
     tf = require_tensorflow()
     if simulate is not None:
@@ -157,6 +154,55 @@ def connect(
                       strategy=tf.distribute.get_strategy(), devices=("/cpu:0",))
     set_session(new)
     return _result(new, chosen, start)
+
+
+def _probe_node(chosen: Target, timeout: float, probe_tf: Callable[[str, float], int]) -> int:
+    """The bounded checks of a remote TPU: TCP first (fails fast), then TensorFlow's connect."""
+    if chosen.address.lower().startswith("grpc://"):
+        host, port = parse_grpc_address(chosen.address)
+        probe.probe_tcp(host, port, timeout)
+    return probe_tf(chosen.address, timeout)
+
+
+def check_target(
+    target: str,
+    timeout: float = 30.0,
+    *,
+    env: Mapping[str, str] | None = None,
+    signs: MachineSigns | None = None,
+    probe_tf: Callable[[str, float], int] = probe.probe_tf_connect,
+) -> str:
+    """Whether `target` could be connected to, without connecting (the panel's Check button).
+
+    Returns:
+        One line saying what answered and how to connect to it.
+
+    Raises:
+        AddressError: a malformed target.
+        ConnectError: nothing usable answers there.
+    """
+    text = target.strip() or "auto"
+    if not timeout > 0:
+        raise AddressError(f"timeout {timeout:g} must be a positive number of seconds, e.g. 30")
+    signs = read_machine_signs() if signs is None else signs
+    chosen = resolve_target(text, os.environ if env is None else env, signs)
+    start = time.monotonic()
+    if chosen.is_tpu_node:
+        cores = _probe_node(chosen, timeout, probe_tf)
+        return (f"{chosen.address} answers: a TPU with {cores} cores "
+                f"({time.monotonic() - start:.1f} s). Connect: %tpu_connect {chosen.address}")
+    if chosen.kind == "tpu":
+        if not signs.tpu_vm:
+            raise ConnectError(NO_TPU_FIX)
+        return "this is a TPU VM (local TPU found). Connect: %tpu_connect local"
+    if chosen.kind == "gpu":
+        if not signs.gpu_devices:
+            raise ConnectError("this machine has no GPU device files (/dev/nvidia*): in Colab "
+                               "choose Runtime > Change runtime type > a GPU")
+        return f"GPU found ({', '.join(signs.gpu_devices[:3])}). Connect: %tpu_connect gpu"
+    if text.lower() == "auto":
+        return f"auto chooses the CPU: {chosen.reason}. Connect: %tpu_connect"
+    return "the CPU is always there. Connect: %tpu_connect cpu"
 
 
 def _same(current: Session, chosen: Target, simulate: int | None) -> bool:

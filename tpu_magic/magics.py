@@ -70,7 +70,48 @@ class TpuMagics(Magics, Configurable):
             )
         if args.check:
             result = replace(result, check=run_check(session()))
+        if not args.no_panel:
+            self._show_panel(result)
         return result
+
+    def _show_panel(self, result) -> None:
+        """The panel under the cell, or a one-line warning where widgets cannot show."""
+        from tpu_magic.panel import Panel, widgets_unavailable
+        from tpu_magic.session import session
+
+        why = widgets_unavailable()
+        if why:
+            print(f"warning: {why} Copy the trained model with %tpu_sync.")
+            return
+        current = session()
+        if current.panel is None:
+            current.panel = Panel(
+                check=lambda address: self._check_address(address),
+                sync=lambda: self._sync_last(None),
+                save=lambda path: self._sync_last(path),
+                address="" if result.simulated else result.target,
+                device=_device_line(current),
+            )
+        if getattr(self.shell, "kernel", None) is not None:  # a frontend that can show widgets
+            from IPython.display import display
+
+            display(current.panel)
+
+    def _check_address(self, address: str) -> str:
+        from tpu_magic.connect import check_target
+
+        return check_target(address, timeout=self.timeout)
+
+    def _sync_last(self, path: str | None) -> str:
+        """The panel's Sync / Save: `%tpu_sync [--save PATH]` for the model trained last."""
+        from tpu_magic.session import session
+        from tpu_magic.sync import sync_into
+
+        current = session()
+        report = sync_into(self.shell.user_ns, None, None, path,
+                           last_model=current and current.last_model,
+                           last_name=current and current.last_model_name)
+        return report.summary()
 
     @magic_arguments()
     @argument("--batch-size", type=int, metavar="B",
@@ -104,10 +145,53 @@ class TpuMagics(Magics, Configurable):
                                    scale_lr=args.scale_lr,
                                    steps_per_execution=args.steps_per_execution,
                                    progress=not args.no_progress)
-            training = TrainingCell(session(), options, self.shell.user_ns, bar=_progress_bar())
+            current = session()
+            training = TrainingCell(current, options, self.shell.user_ns, bar=_progress_bar(),
+                                    view=current.panel)
             code = self.shell.transform_cell(cell)
-            # `ex` lets the cell's own exceptions reach the user unchanged (run_cell swallows them).
-            return training.run(lambda: self.shell.ex(code), cell)
+            try:
+                # `ex` lets the cell's own exceptions reach the user unchanged (run_cell swallows them).
+                return training.run(lambda: self.shell.ex(code), cell)
+            finally:
+                if current.panel is not None and current.last_model is not None:
+                    current.panel.model_trained(current.last_model_name)
+
+    @magic_arguments()
+    @argument("model", nargs="?", help="the model to copy (default: the model trained last)")
+    @argument("--as", dest="as_name", metavar="NAME",
+              help="the CPU copy's name in the notebook (default: MODEL_cpu)")
+    @argument("--save", metavar="PATH",
+              help="also write the weights to PATH (.weights.h5, written atomically)")
+    @line_magic
+    @usage_errors
+    def tpu_sync(self, line=""):
+        """Copy the trained model to a CPU model (any batch size) with the trained weights."""
+        from tpu_magic.quiet import quiet_native_logs, tensorflow_info_silenced
+        from tpu_magic.session import session
+
+        args = parse_argstring(self.tpu_sync, line)
+        quiet_native_logs()
+        current = session()
+        with tensorflow_info_silenced():
+            from tpu_magic.sync import sync_into
+
+            return sync_into(self.shell.user_ns, args.model, args.as_name, args.save,
+                             last_model=current and current.last_model,
+                             last_name=current and current.last_model_name)
+
+
+def _device_line(current) -> str:
+    """kind · replicas · memory, for the panel."""
+    import tensorflow as tf
+
+    from tpu_magic.check import device_memory
+
+    kind = (f"simulated {current.replicas}-core TPU on the CPU" if current.simulated
+            else current.kind.upper())
+    memory = device_memory(tf, current.kind, current.devices[0] if current.devices else "/cpu:0")
+    parts = [kind, f"{type(current.strategy).__name__}, {current.replicas} "
+                   f"replica{'s' * (current.replicas != 1)}"]
+    return " · ".join(parts + ([memory] if memory else []))
 
 
 def _progress_bar():

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import keras
 
@@ -55,6 +55,19 @@ def _postfix(logs: dict[str, float], samples_per_second: float | None) -> dict[s
     return shown
 
 
+class TrainingView(Protocol):
+    """What else shows training live (the panel's training area)."""
+
+    def training_begin(self, epochs: int, steps: int) -> None: ...
+
+    def training_step(self, epoch: int, position: int, logs: dict[str, float],
+                      samples_per_second: float | None) -> None: ...
+
+    def training_epoch(self, epoch: int, logs: dict[str, float]) -> None: ...
+
+    def training_end(self, interrupted: bool = False) -> None: ...
+
+
 class FitProgress(keras.callbacks.Callback):
     """Times a `fit` and, when `bar` is given, draws epoch and batch bars.
 
@@ -62,16 +75,17 @@ class FitProgress(keras.callbacks.Callback):
         timing: where the measurements go.
         bar: a tqdm-like class (e.g. `tqdm.auto.tqdm`), or None for no bars.
         min_interval: seconds between two redraws.
-        on_epoch: called with (epoch, logs) after each epoch (the panel's plot).
+        view: also shows the training (same throttle), e.g. the panel.
     """
 
     def __init__(self, timing: FitTiming, bar: Callable[..., Any] | None = None,
-                 min_interval: float = 0.2, on_epoch: Callable[[int, dict], None] | None = None):
+                 min_interval: float = 0.2, view: TrainingView | None = None):
         super().__init__()
         self.timing = timing
         self._bar_class = bar
         self._min_interval = min_interval
-        self._on_epoch = on_epoch
+        self._view = view
+        self._view_open = False
         self.epoch_bar = None
         self.batch_bar = None
 
@@ -88,6 +102,9 @@ class FitProgress(keras.callbacks.Callback):
             self.batch_bar = self._bar_class(total=self.timing.steps_per_epoch or None,
                                              desc=COMPILING, unit="step", leave=False,
                                              dynamic_ncols=True, mininterval=0)  # throttled here
+        if self._view is not None:
+            self._view.training_begin(self._epochs, self.timing.steps_per_epoch)
+            self._view_open = True
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
@@ -113,15 +130,21 @@ class FitProgress(keras.callbacks.Callback):
             self.timing.steady_steps = self.timing.steps_done - self._steps_at_first_hook
             self.timing.steady_seconds = now - self._first_hook
         bar = self.batch_bar
-        if bar is None:
+        if bar is None and self._view is None:
             return
         last = position == self.timing.steps_per_epoch
-        if now - self._last_draw < self._min_interval and not last and bar.n:
+        first = self.timing.steady_steps == 0
+        if now - self._last_draw < self._min_interval and not last and not first:
             return
         self._last_draw = now
+        numbers = _numbers(logs)
+        if self._view is not None:
+            self._view.training_step(self._epoch, position, numbers, self.timing.samples_per_second)
+        if bar is None:
+            return
         if bar.desc == COMPILING:
             bar.set_description(f"epoch {self._epoch + 1}/{self._epochs}", refresh=False)
-        bar.set_postfix(_postfix(_numbers(logs), self.timing.samples_per_second), refresh=False)
+        bar.set_postfix(_postfix(numbers, self.timing.samples_per_second), refresh=False)
         bar.update(position - bar.n)
 
     def on_epoch_end(self, epoch, logs=None):
@@ -131,15 +154,18 @@ class FitProgress(keras.callbacks.Callback):
             self.epoch_bar.set_postfix(_postfix(self.timing.last_logs,
                                                 self.timing.samples_per_second), refresh=False)
             self.epoch_bar.update(1)
-        if self._on_epoch is not None:
-            self._on_epoch(epoch, self.timing.last_logs)
+        if self._view is not None:
+            self._view.training_epoch(epoch, self.timing.last_logs)
 
     def on_train_end(self, logs=None):
-        self.close()
+        self.close(interrupted=bool(getattr(self.model, "stop_training", False)))
 
-    def close(self) -> None:
-        """Closes the bars (also after an interruption)."""
+    def close(self, interrupted: bool = False) -> None:
+        """Closes the bars and the view (also after an interruption); safe to call twice."""
         for bar in (self.batch_bar, self.epoch_bar):
             if bar is not None:
                 bar.close()
         self.batch_bar = self.epoch_bar = None
+        if self._view_open:
+            self._view_open = False
+            self._view.training_end(interrupted)

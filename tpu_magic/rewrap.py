@@ -83,7 +83,7 @@ def rewrap(model: Any, strategy: Any, custom_objects: Mapping[str, Any]) -> tupl
     """
     name = getattr(model, "name", type(model).__name__)
     # Variables of another strategy can only be read inside that strategy's scope.
-    with _own_scope(model):
+    with own_scope(model):
         weights = model.get_weights() if model.built else []
         compile_config = model.get_compile_config() if model.compiled else None
         old_optimizer = getattr(model, "optimizer", None)
@@ -111,7 +111,8 @@ def _is_graph_model(model: Any) -> bool:
     return isinstance(model, keras.Sequential) or type(model).__name__ == "Functional"
 
 
-def _own_scope(model: Any):
+def own_scope(model: Any):
+    """The scope of the strategy a model was built in (its variables are read there)."""
     own = getattr(model, "_distribute_strategy", None)
     return own.scope() if own is not None else contextlib.nullcontext()
 

@@ -27,7 +27,7 @@ from tpu_magic import pipeline
 from tpu_magic.batching import BatchPlan, plan_batches, scaled_learning_rate
 from tpu_magic.errors import RewrapError
 from tpu_magic.exact_metrics import real_samples_only
-from tpu_magic.progress import FitProgress, FitTiming
+from tpu_magic.progress import FitProgress, FitTiming, TrainingView
 from tpu_magic.report import TrainReport
 from tpu_magic.rewrap import built_outside, names_in, rewrap_namespace
 from tpu_magic.session import Session
@@ -60,18 +60,18 @@ class TrainingCell:
         namespace: the user's namespace (models are looked up and rebound there).
         say: prints one line to the user.
         bar: a tqdm-like class for progress bars (None: no bars).
-        on_epoch: called with (epoch, logs) after each epoch.
+        view: shows the training live too (the panel's training area).
     """
 
     def __init__(self, session: Session, options: TrainOptions,
                  namespace: MutableMapping[str, Any], say: Callable[[str], None] = print,
-                 bar: Any = None, on_epoch: Callable[[int, dict], None] | None = None):
+                 bar: Any = None, view: TrainingView | None = None):
         self.session = session
         self.options = options
         self.namespace = namespace
         self.say = say
         self.bar = bar
-        self.on_epoch = on_epoch
+        self.view = view
         self.report = TrainReport(strategy=type(session.strategy).__name__,
                                   replicas=session.replicas)
         self.last_model: Any = None
@@ -244,7 +244,7 @@ class TrainingCell:
         self._validation(model, call, named, plan)
         timing = FitTiming(global_batch=plan.global_batch)
         progress = FitProgress(timing, bar=self.bar if self.options.progress else None,
-                               on_epoch=self.on_epoch)
+                               view=self.view)
         call["callbacks"] = list(call.get("callbacks") or []) + [progress]
         if self.options.progress:
             call["verbose"] = 0
@@ -255,7 +255,7 @@ class TrainingCell:
             except KeyboardInterrupt:
                 interrupted, history = True, getattr(model, "history", None)
             finally:
-                progress.close()
+                progress.close(interrupted=interrupted or stop.requested)
         interrupted = interrupted or stop.requested
         self._record_fit(model, plan, timing, history, interrupted)
         if interrupted:

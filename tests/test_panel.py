@@ -1,0 +1,141 @@
+"""The panel, clicked in-process (ipywidgets runs `on_click` handlers without a frontend)."""
+
+import html
+import importlib.util
+
+import ipywidgets
+import numpy as np
+import pytest
+
+import keras
+import tpu_magic
+from tpu_magic.lossplot import loss_svg
+from tpu_magic.panel import Panel
+from tpu_magic.progress import FitProgress, FitTiming
+
+from cells import DENSE, SETUP, train
+
+
+@pytest.fixture
+def panel_ip(fresh):
+    """A simulated 8-core TPU with its panel, and the digits data."""
+    fresh.run_line_magic("tpu_connect", "--simulate 8")
+    fresh.run_cell(SETUP)
+    return fresh
+
+
+def test_connect_builds_the_panel_with_sync_disabled_until_training(panel_ip):
+    panel = tpu_magic.session().panel
+    assert isinstance(panel, Panel) and isinstance(panel.widget, ipywidgets.VBox)
+    assert isinstance(panel.address, ipywidgets.Text)
+    assert all(isinstance(b, ipywidgets.Button)
+               for b in (panel.check_button, panel.sync_button, panel.save_button))
+    assert panel.sync_button.disabled and panel.save_button.disabled
+    assert "simulated 8-core TPU" in panel.device.value and "8 replicas" in panel.device.value
+    assert "host RAM" in panel.device.value
+
+
+@pytest.mark.parametrize("address, state, words", [
+    ("grpc://127.0.0.1:{port}", "error", "refused the connection"),
+    ("http://10.0.0.1:8470", "error", "scheme 'http'"),
+    ("local", "error", "No TPU is attached"),
+    ("cpu", "ok", "%tpu_connect cpu"),
+])
+def test_check_shows_the_result_in_the_panel_not_a_traceback(panel_ip, closed_port,
+                                                             address, state, words):
+    panel = tpu_magic.session().panel
+    panel.address.value = address.format(port=closed_port)
+    panel.check_button.click()
+    assert panel.state == state and words in html.unescape(panel.status.value)
+    assert tpu_magic.session().simulated  # Check connects nothing
+
+
+def test_training_drives_the_panel_then_sync_and_save_work_by_click(panel_ip, tmp_path):
+    panel = tpu_magic.session().panel
+    train(panel_ip, DENSE + "model.fit(x[:256], y[:256], batch_size=64, epochs=3)")
+    assert panel.progress.value == panel.progress.max == 12 and panel.progress.description == "done"
+    assert panel.history["loss"] and len(panel.history["loss"]) == 3
+    assert "<svg" in panel.plot.value and "polyline" in panel.plot.value
+    assert "samples/s" in panel.metrics.value and "loss" in panel.metrics.value
+    assert not panel.sync_button.disabled and panel.save_path.value == "model.weights.h5"
+
+    panel.sync_button.click()
+    assert panel.state == "ok" and "`model` → `model_cpu`" in panel.status.value
+    copy = panel_ip.user_ns["model_cpu"]
+    x = panel_ip.user_ns["x"]
+    np.testing.assert_allclose(copy.predict(x[:5], verbose=0),
+                               panel_ip.user_ns["model"](x[:5]).numpy(), atol=1e-6)
+
+    panel.save_path.value = str(tmp_path / "digits")
+    panel.save_button.click()
+    saved = tmp_path / "digits.weights.h5"
+    assert panel.state == "ok" and saved.exists() and str(saved) in panel.details.value
+    reloaded = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
+                                 keras.layers.Dense(10, activation="softmax")])
+    reloaded.load_weights(saved)
+    for got, want in zip(reloaded.get_weights(), copy.get_weights()):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_a_failing_save_shows_its_error_in_the_panel(panel_ip):
+    train(panel_ip, DENSE + "model.fit(x[:64], y[:64], batch_size=64, epochs=1)")
+    panel = tpu_magic.session().panel
+    panel.save_path.value = "/no/such/dir/m"
+    panel.save_button.click()
+    assert panel.state == "error" and "does not exist" in panel.status.value
+
+
+def test_without_ipywidgets_the_panel_falls_back_to_text(fresh, monkeypatch, capsys):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "ipywidgets" else real(name, *a))
+    fresh.run_line_magic("tpu_connect", "--simulate 8")
+    assert tpu_magic.session().panel is None
+    assert "ipywidgets is not installed" in capsys.readouterr().out
+
+
+def test_no_panel_flag(fresh):
+    fresh.run_line_magic("tpu_connect", "--simulate 8 --no-panel")
+    assert tpu_magic.session().panel is None
+
+
+class RecordingView:
+    def __init__(self):
+        self.calls = []
+
+    def training_begin(self, epochs, steps):
+        self.calls.append(("begin", epochs, steps))
+
+    def training_step(self, epoch, position, logs, samples_per_second):
+        self.calls.append(("step", epoch, position))
+
+    def training_epoch(self, epoch, logs):
+        self.calls.append(("epoch", epoch, logs["loss"]))
+
+    def training_end(self, interrupted=False):
+        self.calls.append(("end", interrupted))
+
+
+def test_fit_progress_drives_a_view_through_keras_callbacks():
+    view = RecordingView()
+    progress = FitProgress(FitTiming(global_batch=8), view=view, min_interval=0)
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    callbacks = keras.callbacks.CallbackList([progress], model=model, epochs=2, steps=3)
+    callbacks.on_train_begin()
+    for epoch in range(2):
+        callbacks.on_epoch_begin(epoch)
+        for batch in range(3):
+            callbacks.on_train_batch_end(batch, {"loss": 1.0})
+        callbacks.on_epoch_end(epoch, {"loss": 0.5 - epoch / 10})
+    callbacks.on_train_end()
+    progress.close()  # a second close does not end the view twice
+    assert view.calls[0] == ("begin", 2, 3) and view.calls[-1] == ("end", False)
+    assert [c for c in view.calls if c[0] == "epoch"] == [("epoch", 0, 0.5), ("epoch", 1, 0.4)]
+    assert [c[2] for c in view.calls if c[0] == "step"] == [1, 2, 3, 1, 2, 3]
+
+
+def test_loss_svg_draws_each_series():
+    svg = loss_svg({"loss": [1.0, 0.6, 0.4], "val_loss": [1.1, float("nan"), 0.5]})
+    assert svg.startswith("<svg") and svg.count("<polyline") == 2 and "val_loss" in svg
+    assert loss_svg({}) == "" and loss_svg({"loss": [float("inf")]}) == ""
+    assert "<polyline" in loss_svg({"loss": [0.3]})  # one epoch, one point

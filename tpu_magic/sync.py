@@ -1,0 +1,302 @@
+"""A CPU copy of a trained model (`%tpu_sync`): same architecture, any batch, the trained weights.
+
+The copy is rebuilt from the model's serialized config outside every strategy, on the
+CPU, with every static batch dimension (the TPU recipe `Input(batch_shape=(128, …))`)
+made variable. Weights are read per replica: variables that replicas update on their
+own (non-synchronized BatchNormalization's moving statistics) differ between replicas,
+and `get_weights()` would return replica 0's; the copy gets their mean. A probe batch
+through both models reports the largest difference in predictions.
+"""
+
+from __future__ import annotations
+
+import copy
+import keyword
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, MutableMapping
+
+import keras
+import numpy as np
+
+from tpu_magic.atomic import atomic_path
+from tpu_magic.errors import SyncError
+from tpu_magic.rewrap import custom_objects_from, own_scope
+
+WEIGHTS_SUFFIX = ".weights.h5"  # Keras 3 refuses any other ending for weights files
+PROBE_ROWS = 8
+
+
+@dataclass(frozen=True)
+class SyncReport:
+    """What `%tpu_sync` did.
+
+    Attributes:
+        name: the trained model's name in the namespace; as_name: the CPU copy's.
+        parameters: the number of weights copied (scalars).
+        seconds: time for the whole sync (and save).
+        max_abs_diff: largest |prediction difference| on the probe batch (None: no probe).
+        averaged: variables whose replicas disagreed and were averaged.
+        replicas: how many replicas the model's variables had.
+        path: the `.weights.h5` written, if any.
+    """
+
+    name: str
+    as_name: str
+    parameters: int
+    seconds: float
+    max_abs_diff: float | None
+    averaged: int = 0
+    replicas: int = 1
+    path: str | None = None
+
+    def summary(self) -> str:
+        lines = [f"tpu_sync: `{self.name}` → `{self.as_name}` on the CPU, "
+                 f"{self.parameters:,} parameters, {self.seconds:.2f} s"]
+        if self.averaged:
+            lines.append(f"  averaged over {self.replicas} replicas: {self.averaged} variable"
+                         f"{'s' * (self.averaged != 1)} that replicas update on their own "
+                         "(BatchNorm moving statistics)")
+        if self.max_abs_diff is None:
+            lines.append("  probe: no input shape known, predictions not compared")
+        else:
+            against = " from replica 0 (before averaging)" if self.averaged else ""
+            lines.append(f"  probe batch of {PROBE_ROWS}: largest prediction difference{against} "
+                         f"{self.max_abs_diff:.3g}")
+        if self.path:
+            lines.append(f"  saved: {self.path} (load with `{self.as_name}.load_weights(path)`)")
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, p, cycle):
+        p.text(self.summary())
+
+
+def choose_model(namespace: Mapping[str, Any], name: str | None,
+                 last_model: Any = None, last_name: str | None = None) -> tuple[str, Any]:
+    """The model to sync: `name` from the namespace, else the one trained last.
+
+    Raises:
+        SyncError: nothing trained yet, an unknown name, or a name that is not a Keras model.
+    """
+    if name is None:
+        if last_model is None:
+            raise SyncError(
+                "nothing trained yet: run a %%tpu_train cell that calls fit, or name the model "
+                "to copy, e.g. `%tpu_sync model`"
+            )
+        named = [k for k, v in namespace.items() if v is last_model and not k.startswith("_")]
+        name = last_name if last_name in named else (sorted(named)[0] if named else "model")
+        return name, last_model
+    if name not in namespace:
+        raise SyncError(f"no variable named {name!r} in the notebook: name a Keras model, "
+                        "or leave MODEL out to copy the model trained last")
+    model = namespace[name]
+    if not isinstance(model, keras.Model):
+        raise SyncError(f"{name!r} is a {type(model).__name__}, not a Keras model: name the "
+                        "model to copy, e.g. `%tpu_sync model`")
+    return name, model
+
+
+def copy_name(name: str, as_name: str | None) -> str:
+    """The CPU copy's name: `as_name`, or `<name>_cpu`; a Python identifier either way."""
+    chosen = as_name or f"{name}_cpu"
+    if not chosen.isidentifier() or keyword.iskeyword(chosen):
+        raise SyncError(f"--as {chosen!r} is not a Python name: use letters, digits and "
+                        "underscores, e.g. --as model_cpu")
+    return chosen
+
+
+def weights_path(text: str) -> Path:
+    """`text` with the `.weights.h5` ending Keras requires, in a directory that exists.
+
+    Raises:
+        SyncError: the directory does not exist, or the path is a directory.
+    """
+    path = Path(text).expanduser()
+    if path.name.endswith(WEIGHTS_SUFFIX):
+        pass
+    elif path.suffix == ".h5":
+        path = path.with_name(path.name[: -len(".h5")] + WEIGHTS_SUFFIX)
+    else:
+        path = path.with_name(path.name + WEIGHTS_SUFFIX)
+    if path.is_dir() or not text.strip() or text.endswith(("/", "\\")):
+        raise SyncError(f"--save {text!r} is a directory: name a file in it, "
+                        f"e.g. --save {Path(text) / ('model' + WEIGHTS_SUFFIX)}")
+    if not path.parent.is_dir():
+        raise SyncError(f"--save {text!r}: the directory {str(path.parent)!r} does not exist; "
+                        "create it first or save elsewhere")
+    return path
+
+
+def replica_weights(model: Any) -> tuple[list[np.ndarray], int, int]:
+    """The model's weights as arrays, averaged over replicas where the replicas disagree.
+
+    Returns:
+        (the arrays in `model.weights` order, how many variables were averaged,
+        the number of replicas seen).
+    """
+    arrays, averaged, replicas = [], 0, 1
+    with own_scope(model):
+        for weight in model.weights:
+            variable = getattr(weight, "value", weight)
+            parts = [np.asarray(p) for p in getattr(variable, "values", (variable,))]
+            replicas = max(replicas, len(parts))
+            first = parts[0]
+            if len(parts) > 1 and not all(np.array_equal(first, p) for p in parts[1:]):
+                if np.issubdtype(first.dtype, np.floating):
+                    first = np.mean(np.stack(parts), axis=0).astype(first.dtype)
+                    averaged += 1
+            arrays.append(first)
+    return arrays, averaged, replicas
+
+
+def variable_batch(config: Any) -> Any:
+    """A deep copy of a serialized model with every Input's batch dimension set to None."""
+    config = copy.deepcopy(config)
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            inner = node.get("config")
+            if node.get("class_name") == "InputLayer" and isinstance(inner, dict):
+                shape = inner.get("batch_shape")
+                if shape:
+                    inner["batch_shape"] = (None, *tuple(shape)[1:])
+            for key in ("build_input_shape", "input_shape"):
+                shape = node.get(key)
+                if isinstance(shape, (list, tuple)) and shape and \
+                        all(d is None or isinstance(d, int) for d in shape):
+                    node[key] = (None, *tuple(shape)[1:])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, (list, tuple)):
+            for value in node:
+                walk(value)
+
+    walk(config)
+    return config
+
+
+def cpu_copy(model: Any, custom_objects: Mapping[str, Any]) -> Any:
+    """The same architecture built outside every strategy on the CPU, compiled if the model was.
+
+    Raises:
+        SyncError: the model cannot be rebuilt from its config.
+    """
+    import tensorflow as tf
+
+    if tf.distribute.has_strategy():
+        raise SyncError("%tpu_sync builds the CPU copy outside every strategy: run it in its "
+                        "own cell, not inside %%tpu_train")
+    label = getattr(model, "name", type(model).__name__)
+    with own_scope(model):
+        try:
+            serialized = keras.saving.serialize_keras_object(model)
+        except Exception as exc:  # noqa: BLE001 - any failure means "cannot serialize"
+            raise SyncError(f"model {label!r} cannot be serialized to build a CPU copy ({exc}); "
+                            "give its class a get_config()") from None
+    objects = {**custom_objects, type(model).__name__: type(model)}
+    serialized = variable_batch(serialized)
+    compile_config = serialized.pop("compile_config", None)
+    try:
+        with keras.saving.custom_object_scope(objects), tf.device("/cpu:0"):
+            new = keras.saving.deserialize_keras_object(serialized)
+            if compile_config:
+                try:
+                    new.compile_from_config(compile_config)
+                except Exception:  # noqa: BLE001 - predicting needs no compile
+                    pass
+    except Exception as exc:  # noqa: BLE001
+        raise SyncError(f"model {label!r} ({type(model).__name__}) cannot be rebuilt from its "
+                        f"config for the CPU: {exc}") from None
+    return new
+
+
+def probe_batch(model: Any, rows: int = PROBE_ROWS, seed: int = 0) -> list[np.ndarray] | None:
+    """Inputs for a quick comparison: normal floats, or small integers for index inputs."""
+    try:
+        inputs = list(model.inputs)
+    except (AttributeError, ValueError):
+        return None
+    rng = np.random.default_rng(seed)
+    batch = []
+    for spec in inputs:
+        shape = (rows, *tuple(spec.shape)[1:])
+        if any(d is None for d in shape):
+            return None
+        dtype = np.dtype(getattr(spec, "dtype", "float32"))
+        if np.issubdtype(dtype, np.integer):
+            batch.append(rng.integers(0, 2, size=shape).astype(dtype))  # valid for any Embedding
+        else:
+            batch.append(rng.standard_normal(shape).astype(dtype))
+    return batch
+
+
+def _predict(model: Any, batch: list[np.ndarray]) -> list[np.ndarray]:
+    with own_scope(model):
+        out = model(batch[0] if len(batch) == 1 else batch, training=False)
+    return [np.asarray(o) for o in keras.tree.flatten(out)]
+
+
+def sync_to_cpu(model: Any, *, name: str, as_name: str,
+                custom_objects: Mapping[str, Any] = {},
+                save: str | None = None) -> tuple[Any, SyncReport]:
+    """Copies a trained model to the CPU; optionally writes its weights atomically.
+
+    Args:
+        model: the trained (possibly distributed) model.
+        name / as_name: the names of the model and of its copy, for the report.
+        custom_objects: classes and functions its config refers to.
+        save: a path for `.weights.h5` (the ending is added when missing).
+
+    Returns:
+        (the CPU model, a `SyncReport`).
+
+    Raises:
+        SyncError: the model cannot be copied, or the save path is unusable.
+    """
+    start = time.perf_counter()
+    path = weights_path(save) if save is not None else None
+    if not model.built:
+        raise SyncError(f"model {name!r} has no weights yet: train it first")
+    weights, averaged, replicas = replica_weights(model)
+    new = cpu_copy(model, custom_objects)
+    try:
+        new.set_weights(weights)
+    except ValueError as exc:
+        raise SyncError(f"the CPU copy of {name!r} does not take its weights ({exc}); its "
+                        "get_config() does not describe the trained model") from None
+    probe = probe_batch(new)
+    diff = None
+    if probe is not None:
+        ours, theirs = _predict(model, probe), _predict(new, probe)
+        diff = max(float(np.max(np.abs(a - b))) if a.size else 0.0 for a, b in zip(ours, theirs))
+    if path is not None:
+        save_weights(new, path)
+    report = SyncReport(name=name, as_name=as_name,
+                        parameters=int(sum(w.size for w in weights)),
+                        seconds=time.perf_counter() - start, max_abs_diff=diff,
+                        averaged=averaged, replicas=replicas,
+                        path=str(path) if path is not None else None)
+    return new, report
+
+
+def save_weights(model: Any, path: Path) -> None:
+    """`model.save_weights(path)` atomically: an interrupted save keeps the previous file."""
+    try:
+        with atomic_path(path, suffix=WEIGHTS_SUFFIX) as temporary:
+            model.save_weights(str(temporary))
+    except OSError as exc:
+        raise SyncError(f"could not write {str(path)!r}: {exc.strerror or exc}") from None
+
+
+def sync_into(namespace: MutableMapping[str, Any], name: str | None, as_name: str | None,
+              save: str | None, last_model: Any = None,
+              last_name: str | None = None) -> SyncReport:
+    """`%tpu_sync`: picks the model, copies it, and binds the copy in the namespace."""
+    name, model = choose_model(namespace, name, last_model, last_name)
+    target = copy_name(name, as_name)
+    new, report = sync_to_cpu(model, name=name, as_name=target,
+                              custom_objects=custom_objects_from(namespace, model), save=save)
+    namespace[target] = new
+    return report
