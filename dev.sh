@@ -12,7 +12,22 @@ setup() {
     python3 -m venv "$VENV"
   fi
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[cpu,test]"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[cpu,test,browser]"
+}
+
+# The panel's browser test drives Debian's chromium; Playwright's own download is not used.
+chromium() {
+  if [ -x /usr/bin/chromium ]; then
+    return
+  fi
+  if [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
+    echo "dev.sh: installing chromium with apt (for the panel's browser test)"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium > /dev/null
+  else
+    echo "dev.sh: /usr/bin/chromium is missing, so the browser test will be skipped" \
+         "(install it: sudo apt-get install chromium)"
+  fi
 }
 
 case "${1:-}" in
@@ -23,6 +38,7 @@ case "${1:-}" in
     ;;
   test)
     setup
+    chromium
     shift
     "$VENV/bin/python" -m pytest "$@"
     ;;

@@ -18,6 +18,8 @@ setup(
         "cpu": [f"tensorflow-cpu{TF_VERSION}"],
         "tpu": [f"tensorflow-tpu{TF_VERSION}"],
         "test": ["pytest>=8", "pytest-timeout", "scikit-learn", "nbclient", "nbformat", "ipykernel"],
+        # The panel's real-browser test drives Debian's chromium (apt), not a downloaded one.
+        "browser": ["jupyterlab>=4", "playwright>=1.40"],
     },
     classifiers=["Framework :: IPython", "Framework :: Jupyter", "Programming Language :: Python :: 3"],
 )
