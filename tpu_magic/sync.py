@@ -202,8 +202,10 @@ def cpu_copy(model: Any, custom_objects: Mapping[str, Any]) -> Any:
         with keras.saving.custom_object_scope(objects), tf.device("/cpu:0"):
             new = keras.saving.deserialize_keras_object(serialized)
             if compile_config:
+                # `compile`, not `compile_from_config`: the latter builds the optimizer, whose
+                # slots would double or triple the copy's memory and its weights file.
                 try:
-                    new.compile_from_config(compile_config)
+                    new.compile(**keras.saving.deserialize_keras_object(compile_config))
                 except Exception:  # noqa: BLE001 - predicting needs no compile
                     pass
     except Exception as exc:  # noqa: BLE001
