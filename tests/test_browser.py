@@ -2,7 +2,8 @@
 
 The notebook connects to a simulated 8-core TPU, trains in a `%%tpu_train` cell, and
 the test clicks **Sync to CPU** in the page; a cell run afterwards proves that the
-kernel now holds `model_cpu`. Skipped where chromium, Playwright or JupyterLab are
+kernel now holds `model_cpu`. Then it clicks **Train** and sees the panel's progress
+move and the job end. Skipped where chromium, Playwright or JupyterLab are
 missing, unless TPU_MAGIC_BROWSER=required (CI), where that is a failure.
 A screenshot of the page is saved on failure (path in the message), and on success
 when TPU_MAGIC_SCREENSHOT names a file.
@@ -10,6 +11,7 @@ when TPU_MAGIC_SCREENSHOT names a file.
 
 import json
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -150,6 +152,18 @@ def test_clicking_sync_in_the_browser_puts_the_cpu_copy_in_the_kernel(lab, tmp_p
             last.locator(".cm-content").click()
             page.keyboard.press("Shift+Enter")
             expect(page.get_by_text(f"SYNCED {PARAMETERS}")).to_be_visible(timeout=60_000)
+            # Train from the widget: the last fit again, 12 epochs, in the background.
+            epochs = page.locator(".widget-text", has_text="Epochs").locator("input")
+            epochs.fill("12")
+            epochs.press("Enter")
+            train = page.get_by_role("button", name=re.compile(r"^\W*Train$"))
+            expect(train).to_be_enabled()
+            train.click()
+            expect(page.locator(".tpu-magic-status[data-state='busy']")).to_contain_text(
+                "training `model`: batch 128, 12 epochs", timeout=30_000)
+            expect(status).to_contain_text("done: 12 epochs", timeout=180_000)
+            # The chart now has a point per epoch of the new run.
+            expect(page.locator(".tpu-magic-loss circle")).to_have_count(12)
             if os.environ.get("TPU_MAGIC_SCREENSHOT"):  # to look at the rendered panel
                 sync.scroll_into_view_if_needed()
                 page.locator(".jp-OutputArea-output", has=sync).screenshot(

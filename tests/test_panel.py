@@ -139,3 +139,68 @@ def test_loss_svg_draws_each_series():
     assert svg.startswith("<svg") and svg.count("<polyline") == 2 and "val_loss" in svg
     assert loss_svg({}) == "" and loss_svg({"loss": [float("inf")]}) == ""
     assert "<polyline" in loss_svg({"loss": [0.3]})  # one epoch, one point
+
+
+# -- training from the panel ---------------------------------------------------------------
+
+def test_train_row_waits_for_a_model_and_checks_the_batch_live(panel_ip):
+    panel = tpu_magic.session().panel
+    assert panel.train_button.disabled and "train one in a %%tpu_train cell" in panel.batch_note.value
+    panel.train_button.click()  # a click anyway says what to do
+    assert panel.state == "error" and "no model trained by %%tpu_train" in panel.status.value
+    train(panel_ip, DENSE + "model.fit(x[:256], y[:256], batch_size=64, epochs=1)")
+    assert panel.batch_size.value == 64 and not panel.train_button.disabled
+    panel.batch_size.value = 100
+    assert panel.train_button.disabled and "use 96 or 104" in panel.batch_note.value
+    panel.batch_size.value = 96  # 12 per replica: valid, with the TPU tile advice
+    assert not panel.train_button.disabled and "12 per replica" in panel.batch_note.value
+    assert "not a multiple of 8" in panel.batch_note.value
+    panel.epochs.value = 0
+    assert panel.train_button.disabled
+
+
+def test_train_continues_from_the_weights_in_the_background(panel_ip):
+    panel = tpu_magic.session().panel
+    train(panel_ip, DENSE + """
+val = (x[1500:], y[1500:])
+model.fit(x[:256], y[:256], batch_size=64, epochs=1, validation_data=val)
+""")
+    before = [w.copy() for w in panel_ip.user_ns["model"].get_weights()]
+    panel.batch_size.value, panel.epochs.value = 128, 2
+    panel.train_button.click()
+    job = tpu_magic.session().train_job
+    assert job is panel.job and panel.train_button.disabled
+    report = job.result(timeout=240)
+    assert (report.epochs, report.global_batch, report.interrupted) == (2, 128, False)
+    assert "val_loss" in report.metrics  # the validation data of the last fit came along
+    after = panel_ip.user_ns["model"].get_weights()
+    assert any(not np.array_equal(a, b) for a, b in zip(before, after))
+    assert panel.state == "ok" and "done: 2 epochs" in panel.status.value
+    assert not panel.train_button.disabled and panel.stop_button.disabled
+    assert len(panel.history["loss"]) == 2 and "<svg" in panel.plot.value
+
+
+def test_stop_ends_training_early_and_the_session_stays_usable(panel_ip):
+    import time
+
+    panel = tpu_magic.session().panel
+    train(panel_ip, DENSE + "model.fit(x[:256], y[:256], batch_size=64, epochs=1)")
+    panel.epochs.value = 500
+    panel.train_button.click()
+    job = panel.job
+    deadline = time.monotonic() + 120
+    while not panel.history.get("loss") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not panel.stop_button.disabled
+    panel.train_button.click()  # a second Train while one runs is refused
+    assert panel.state == "error" and "running" in panel.status.value and panel.job is job
+    with pytest.raises(Exception, match="training job started from the panel is running"):
+        train(panel_ip, "model.fit(x[:64], y[:64], batch_size=64)")
+    panel.stop_button.click()
+    report = job.result(timeout=120)
+    assert report.interrupted and 1 <= report.epochs < 500
+    assert "stopped, weights kept" in panel.status.value
+    sync = panel_ip.run_line_magic("tpu_sync", "")
+    assert sync.max_abs_diff < 1e-6
+    again = train(panel_ip, "model.fit(x[:64], y[:64], batch_size=64, epochs=1)")
+    assert again.epochs == 1

@@ -33,3 +33,7 @@ class RewrapError(TpuMagicError):
 
 class SyncError(TpuMagicError):
     """A model that cannot be copied to the CPU."""
+
+
+class TrainJobError(TpuMagicError):
+    """A training job from the panel that cannot start."""

@@ -89,8 +89,11 @@ class TpuMagics(Magics, Configurable):
                 check=lambda address: self._check_address(address),
                 sync=lambda: self._sync_last(None),
                 save=lambda path: self._sync_last(path),
+                train=self._train_from_panel,
                 address="" if result.simulated else result.target,
                 device=_device_line(current),
+                replicas=current.replicas,
+                tpu_rules=current.tpu_rules,
             )
         if getattr(self.shell, "kernel", None) is not None:  # a frontend that can show widgets
             from IPython.display import display
@@ -101,6 +104,15 @@ class TpuMagics(Magics, Configurable):
         from tpu_magic.connect import check_target
 
         return check_target(address, timeout=self.timeout)
+
+    def _train_from_panel(self, batch: int, epochs: int, scale_lr: bool, on_done):
+        """The panel's Train: the last %%tpu_train fit again, in a background thread."""
+        from tpu_magic.job import start_training
+        from tpu_magic.session import session
+
+        current = session()
+        return start_training(current, self.shell.user_ns, batch_size=batch, epochs=epochs,
+                              scale_lr=scale_lr, view=current.panel, on_done=on_done)
 
     def _sync_last(self, path: str | None) -> str:
         """The panel's Sync / Save: `%tpu_sync [--save PATH]` for the model trained last."""
@@ -136,6 +148,10 @@ class TpuMagics(Magics, Configurable):
             if value is not None and value < 1:
                 raise UsageError(f"{flag} {value} must be 1 or more")
         quiet_native_logs()
+        job = session() and session().train_job
+        if job is not None and not job.done():
+            raise UsageError("a training job started from the panel is running: press Stop, "
+                             "or wait for it (tpu_magic.session().train_job.result())")
         with tensorflow_info_silenced():
             if session() is None:
                 print(connect("auto", timeout=self.timeout).summary())
@@ -154,7 +170,8 @@ class TpuMagics(Magics, Configurable):
                 return training.run(lambda: self.shell.ex(code), cell)
             finally:
                 if current.panel is not None and current.last_model is not None:
-                    current.panel.model_trained(current.last_model_name)
+                    current.panel.model_trained(current.last_model_name,
+                                                training.report.global_batch)
 
     @magic_arguments()
     @argument("model", nargs="?", help="the model to copy (default: the model trained last)")

@@ -14,6 +14,7 @@ import sys
 import time
 from typing import Any, Callable
 
+from tpu_magic.batching import plan_batches
 from tpu_magic.errors import TpuMagicError
 from tpu_magic.lossplot import loss_svg
 
@@ -48,19 +49,27 @@ class Panel:
         check: address → one line; raises `TpuMagicError` when it cannot connect.
         sync: () → a report text (copies the model trained last to the CPU).
         save: path → a report text (sync, then write the weights to path).
+        train: (batch, epochs, scale_lr, on_done) → a running job with `.stop()`,
+            `.result()` and `.stopping`; raises `TpuMagicError` when it cannot start.
         address: the address field's first value.
         device: the one-line device summary.
+        replicas / tpu_rules: for the live batch check (the magic's own rule).
     """
 
     def __init__(self, *, check: Callable[[str], str], sync: Callable[[], str],
-                 save: Callable[[str], str], address: str = "", device: str = ""):
+                 save: Callable[[str], str], train: Callable[..., Any] | None = None,
+                 address: str = "", device: str = "", replicas: int = 1,
+                 tpu_rules: bool = False):
         import ipywidgets as w
 
-        self._check, self._sync, self._save = check, sync, save
+        self._check, self._sync, self._save, self._train = check, sync, save, train
+        self.replicas, self.tpu_rules = replicas, tpu_rules
+        self.job: Any = None
         self.state = "idle"
         self.last_error: BaseException | None = None
         self.history: dict[str, list[float]] = {}
         self.model_name: str | None = None
+        self.trained = False  # a %%tpu_train cell has trained a model
 
         self.address = w.Text(value=address, description="Address",
                               placeholder="auto, local, grpc://HOST:8470, gpu or cpu",
@@ -80,21 +89,39 @@ class Panel:
         self.save_button = w.Button(description="Save weights", icon="save", disabled=True,
                                     tooltip="sync, then write the weights (.weights.h5)")
         self.details = w.HTML("")
+        self.batch_size = w.IntText(value=128 * replicas, description="Batch",
+                                    layout=w.Layout(width="170px"))
+        self.epochs = w.IntText(value=1, description="Epochs", layout=w.Layout(width="150px"))
+        self.scale_lr = w.Checkbox(value=False, description="scale LR", indent=False,
+                                   layout=w.Layout(width="90px"))
+        self.train_button = w.Button(description="Train", icon="play", disabled=True,
+                                     tooltip="fit the model trained last again, from its weights")
+        self.stop_button = w.Button(description="Stop", icon="stop", disabled=True,
+                                    tooltip="stop at the next batch, keeping the weights")
+        self.batch_note = w.HTML("")
 
         self.check_button.on_click(self._on_check)
         self.sync_button.on_click(self._on_sync)
         self.save_button.on_click(self._on_save)
+        self.train_button.on_click(self._on_train)
+        self.stop_button.on_click(self._on_stop)
+        self.batch_size.observe(self._validate, names="value")
+        self.epochs.observe(self._validate, names="value")
         self.widget = w.VBox([
             w.HTML("<b>tpu_magic</b>"),
             w.HBox([self.address, self.check_button]),
             self.status,
             self.device,
+            w.HBox([self.batch_size, self.epochs, self.scale_lr, self.train_button,
+                    self.stop_button]),
+            self.batch_note,
             w.HBox([self.progress]),
             self.metrics,
             self.plot,
             w.HBox([self.sync_button, self.save_path, self.save_button]),
             self.details,
         ], layout=w.Layout(border="1px solid #ddd", padding="6px", width="fit-content"))
+        self._validate()
 
     def _ipython_display_(self) -> None:  # `display(panel)` shows the widgets
         from IPython.display import display
@@ -136,14 +163,90 @@ class Panel:
         path = self.save_path.value
         self._run(f"saving {path}…", lambda: self._save(path))
 
-    def model_trained(self, name: str | None) -> None:
-        """A model was trained: Sync and Save apply to it."""
+    def model_trained(self, name: str | None, global_batch: int | None = None) -> None:
+        """A model was trained: Sync, Save and Train apply to it."""
         if name and name != self.model_name and self.save_path.value in (
                 "model.weights.h5", f"{self.model_name}.weights.h5"):
             self.save_path.value = f"{name}.weights.h5"
         self.model_name = name
+        self.trained = True
         self.sync_button.disabled = self.save_button.disabled = False
         self.sync_button.tooltip = f"copy `{name or 'the model'}` to a CPU model"
+        if global_batch:
+            self.batch_size.value = global_batch
+        self._validate()
+
+    # -- the training row ----------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        return self.job is not None and not self.job.done()
+
+    def batch_ok(self) -> bool:
+        """Checks the typed batch with the magic's rule; shows the verdict under the row."""
+        try:
+            plan = plan_batches(self.batch_size.value, self.replicas, tpu_rules=self.tpu_rules)
+        except TpuMagicError as exc:
+            self.batch_note.value = f'<span style="color:#c62828">{html.escape(str(exc))}</span>'
+            return False
+        note = f"{plan.per_replica} per replica × {self.replicas} replicas"
+        if plan.warnings:
+            note += f' <span style="color:#b26a00">— {html.escape(plan.warnings[0])}</span>'
+        self.batch_note.value = note
+        return True
+
+    def _validate(self, _change: Any = None) -> None:
+        valid = self.batch_ok() and self.epochs.value >= 1
+        if self.epochs.value < 1:
+            self.batch_note.value += (' <span style="color:#c62828">epochs must be 1 or '
+                                      'more</span>')
+        if not self.trained:
+            self.batch_note.value = ("no model yet: train one in a %%tpu_train cell, then "
+                                     "train it more from here")
+            valid = False
+        self.train_button.disabled = not valid or self.running or self._train is None
+        self.stop_button.disabled = not self.running
+
+    def _on_train(self, _button: Any = None) -> None:
+        if self.running:
+            self.set_status("error", "a training job is running: press Stop first")
+            return
+        if self._train is None or not self.trained:
+            self.set_status("error", "no model trained by %%tpu_train yet: train one in a "
+                                     "%%tpu_train cell first")
+            return
+        batch, epochs = self.batch_size.value, self.epochs.value
+        self.set_status("busy", f"training `{self.model_name}`: batch {batch}, "
+                                f"{epochs} epoch{'s' * (epochs != 1)}…")
+        try:
+            self.job = self._train(batch, epochs, self.scale_lr.value, self._job_ended)
+        except TpuMagicError as exc:
+            self.last_error = exc
+            self.set_status("error", str(exc))
+        self._validate()
+
+    def _on_stop(self, _button: Any = None) -> None:
+        if self.running:
+            self.job.stop()
+            self.stop_button.disabled = True
+            self.set_status("busy", "stopping at the next batch…")
+
+    def _job_ended(self, job: Any) -> None:
+        """Runs in the job's thread when training ends."""
+        error = job.exception()
+        if error is not None:
+            self.last_error = error
+            message = str(error) if isinstance(error, TpuMagicError) else \
+                f"{type(error).__name__}: {error}"
+            self.set_status("error", message)
+        else:
+            report = job.result()
+            head, _, rest = report.summary().partition("\n")
+            verdict = "stopped, weights kept" if report.interrupted else "done"
+            self.set_status("ok", f"{verdict}: {report.epochs} epoch"
+                                  f"{'s' * (report.epochs != 1)} — {head}", rest)
+        self.train_button.disabled = False  # revalidated below
+        self._validate()
 
     # -- the training area (driven by `%%tpu_train`) ----------------------------------------
 

@@ -19,6 +19,8 @@ class Session:
         devices: the device names the strategy replicates over.
         panel: the ipywidgets panel, when one is shown.
         last_model: the model trained last by `%%tpu_train`, and its name.
+        last_fit: that model's last `fit` call (data, validation data, callbacks).
+        train_job: the training job the panel started last.
     """
 
     target: str
@@ -30,6 +32,8 @@ class Session:
     panel: Any = None
     last_model: Any = None
     last_model_name: str | None = None
+    last_fit: Any = None  # a `train.FitCall`: the last fit of a %%tpu_train cell
+    train_job: Any = None  # a `job.TrainJob` started by the panel's Train button
 
     @property
     def tpu_rules(self) -> bool:

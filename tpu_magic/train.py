@@ -41,6 +41,15 @@ _base_learning_rate: "weakref.WeakKeyDictionary[Any, float]" = weakref.WeakKeyDi
 
 
 @dataclass(frozen=True)
+class FitCall:
+    """A `fit` as the cell made it: the model and its arguments (the panel's Train repeats it)."""
+
+    model: Any
+    arguments: dict
+    named: frozenset
+
+
+@dataclass(frozen=True)
 class TrainOptions:
     """The flags of `%%tpu_train`."""
 
@@ -75,6 +84,7 @@ class TrainingCell:
         self.report = TrainReport(strategy=type(session.strategy).__name__,
                                   replicas=session.replicas)
         self.last_model: Any = None
+        self.stop_event: threading.Event | None = None  # set: stop at the next batch
 
     def run(self, execute: Callable[[], Any], cell: str) -> TrainReport:
         """Rewraps the models the cell names, then runs it with the strategy in force."""
@@ -90,6 +100,27 @@ class TrainingCell:
             with strategy.scope(), self._routed():
                 execute()
         finally:
+            self.report.seconds = time.perf_counter() - start
+            self.report.model_name = self._name_of(self.last_model)
+        return self.report
+
+    def fit_again(self, last: FitCall, stop_event: threading.Event | None = None) -> TrainReport:
+        """Repeats a recorded `fit` from the current weights with this cell's batch and epochs.
+
+        Args:
+            last: the `fit` to repeat (its data, validation data and callbacks).
+            stop_event: when set, training stops at the next batch boundary.
+        """
+        start = time.perf_counter()
+        self.stop_event = stop_event
+        call = dict(last.arguments, initial_epoch=0, verbose=0)
+        named = set(last.named) - {"batch_size", "epochs", "initial_epoch"}
+        _local.depth = 1
+        try:
+            with self.session.strategy.scope(), real_samples_only():
+                self._fit(last.model, call, named)
+        finally:
+            _local.depth = 0
             self.report.seconds = time.perf_counter() - start
             self.report.model_name = self._name_of(self.last_model)
         return self.report
@@ -223,6 +254,7 @@ class TrainingCell:
     # -- the three methods -----------------------------------------------------------------
 
     def _fit(self, model: Any, call: dict, named: set) -> Any:
+        recorded = FitCall(model, dict(call), frozenset(named))
         plan = self._plan("fit", model, call, named)
         if "epochs" not in named and self.options.epochs is not None:
             call["epochs"] = self.options.epochs
@@ -246,6 +278,8 @@ class TrainingCell:
         progress = FitProgress(timing, bar=self.bar if self.options.progress else None,
                                view=self.view)
         call["callbacks"] = list(call.get("callbacks") or []) + [progress]
+        if self.stop_event is not None:
+            call["callbacks"].append(_StopOnEvent(self.stop_event))
         if self.options.progress:
             call["verbose"] = 0
         interrupted = False
@@ -256,8 +290,9 @@ class TrainingCell:
                 interrupted, history = True, getattr(model, "history", None)
             finally:
                 progress.close(interrupted=interrupted or stop.requested)
-        interrupted = interrupted or stop.requested
-        self._record_fit(model, plan, timing, history, interrupted)
+        stopped = self.stop_event is not None and self.stop_event.is_set()
+        interrupted = interrupted or stop.requested or stopped
+        self._record_fit(recorded, plan, timing, history, interrupted)
         if interrupted:
             self.say(f"Interrupted after {timing.steps_done} steps: the model keeps the weights "
                      "learned so far.")
@@ -277,7 +312,8 @@ class TrainingCell:
         call.update(validation_data=evaluation.dataset, validation_batch_size=None,
                     validation_steps=call.get("validation_steps") or evaluation.steps)
 
-    def _record_fit(self, model, plan, timing, history, interrupted) -> None:
+    def _record_fit(self, recorded: FitCall, plan, timing, history, interrupted) -> None:
+        model = recorded.model
         r = self.report
         r.fits += 1
         r.global_batch, r.per_replica = plan.global_batch, plan.per_replica
@@ -292,6 +328,7 @@ class TrainingCell:
         self.last_model = model
         self.session.last_model = model
         self.session.last_model_name = self._name_of(model)
+        self.session.last_fit = recorded
 
     def _evaluate(self, model: Any, call: dict, named: set) -> Any:
         plan = self._plan("evaluate", model, call, named)
@@ -354,6 +391,18 @@ def _split(arrays: Any, cut: int) -> tuple[Any, Any]:
 
 class _StopRequest:
     requested = False
+
+
+class _StopOnEvent(keras.callbacks.Callback):
+    """Ends `fit` at the next batch boundary once the event is set (the panel's Stop)."""
+
+    def __init__(self, event: threading.Event):
+        super().__init__()
+        self.event = event
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.event.is_set():
+            self.model.stop_training = True
 
 
 @contextlib.contextmanager

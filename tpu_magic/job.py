@@ -1,0 +1,97 @@
+"""Training started from the panel: the last `%%tpu_train` fit again, in a background thread.
+
+The notebook stays responsive while it runs. `TrainJob` is a small future:
+`.done()`, `.result(timeout)` → the `TrainReport`, and `.stop()`, which ends
+training at the next batch boundary and keeps the weights learned so far.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from typing import Any, Callable, MutableMapping
+
+from tpu_magic.batching import plan_batches
+from tpu_magic.errors import TrainJobError
+from tpu_magic.report import TrainReport
+from tpu_magic.session import Session
+
+
+class TrainJob:
+    """One training run in a background thread.
+
+    Args:
+        run: does the training; gets the stop event, returns the report.
+        on_done: called with the job when it ends (in the job's thread).
+    """
+
+    def __init__(self, run: Callable[[threading.Event], TrainReport],
+                 on_done: Callable[["TrainJob"], None] | None = None):
+        self._run = run
+        self._on_done = on_done
+        self._future: concurrent.futures.Future = concurrent.futures.Future()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="tpu_magic-train", daemon=True)
+
+    def start(self) -> "TrainJob":
+        self._thread.start()
+        return self
+
+    def _main(self) -> None:
+        try:
+            report = self._run(self._stop)
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever asks for the result
+            self._future.set_exception(exc)
+        else:
+            self._future.set_result(report)
+        finally:
+            if self._on_done is not None:
+                self._on_done(self)
+
+    def done(self) -> bool:
+        """Whether training has ended (finished, stopped or failed)."""
+        return self._future.done()
+
+    def result(self, timeout: float | None = None) -> TrainReport:
+        """The `TrainReport`; waits up to `timeout` seconds (TimeoutError after that)."""
+        return self._future.result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        return self._future.exception(timeout)
+
+    def stop(self) -> None:
+        """Ends training at the next batch boundary; the weights learned so far stay."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+
+def start_training(session: Session, namespace: MutableMapping[str, Any], *, batch_size: int,
+                   epochs: int, scale_lr: bool = False, view: Any = None,
+                   on_done: Callable[[TrainJob], None] | None = None) -> TrainJob:
+    """Runs the session's last `fit` again with a new batch and epochs, in the background.
+
+    Raises:
+        TrainJobError: no `%%tpu_train` fit to repeat, a job already running, bad epochs.
+        BatchSizeError: the batch does not divide over the replicas.
+    """
+    from tpu_magic.train import TrainingCell, TrainOptions
+
+    if session.last_fit is None:
+        raise TrainJobError("no model trained by %%tpu_train yet: train one in a %%tpu_train "
+                            "cell first; then Train here continues it")
+    if session.train_job is not None and not session.train_job.done():
+        raise TrainJobError("a training job is running: press Stop, or wait for it "
+                            "(tpu_magic.session().train_job.result())")
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+        raise TrainJobError(f"epochs {epochs!r} must be 1 or more")
+    plan_batches(batch_size, session.replicas, tpu_rules=session.tpu_rules)
+    options = TrainOptions(batch_size=batch_size, epochs=epochs, scale_lr=scale_lr,
+                           progress=False)
+    training = TrainingCell(session, options, namespace, say=lambda _text: None, view=view)
+    last = session.last_fit
+    job = TrainJob(lambda stop: training.fit_again(last, stop), on_done)
+    session.train_job = job
+    return job.start()
