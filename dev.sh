@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The project's two commands on a fresh machine:
-#   bash dev.sh demo   # set up .venv, run the demo notebook on a simulated 8-core TPU
-#   bash dev.sh test   # set up .venv, run the test suite
+#   bash dev.sh demo       # set up .venv, run the demo notebook on a simulated 8-core TPU
+#   bash dev.sh test       # set up .venv, run the test suite
+# and, for CI: bash dev.sh examples   # every example notebook, small settings
 # Set-up is idempotent: the venv is made once and `pip install` is quick when nothing changed.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -12,7 +13,7 @@ setup() {
     python3 -m venv "$VENV"
   fi
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[cpu,test,browser]"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[cpu,test,browser,examples]"
 }
 
 # The panel's browser test drives Debian's chromium; Playwright's own download is not used.
@@ -32,9 +33,17 @@ chromium() {
 
 case "${1:-}" in
   demo)
+    # The CIFAR-10 example, small: 1,536 stand-in images (no download), 2 epochs.
     setup
     shift
-    "$VENV/bin/python" examples/run_notebook.py examples/quickstart.ipynb "$@"
+    "$VENV/bin/python" examples/run_notebook.py examples/cifar10_cnn.ipynb \
+      -p 'CONNECT="--simulate 8"' -p OFFLINE=True -p SAMPLES=1536 -p EPOCHS=2 "$@"
+    ;;
+  examples)
+    setup
+    shift
+    "$VENV/bin/python" examples/run_notebook.py examples/*.ipynb \
+      -p 'CONNECT="--simulate 8"' -p OFFLINE=True -p SAMPLES=512 -p EPOCHS=1 "$@"
     ;;
   test)
     setup
@@ -43,7 +52,7 @@ case "${1:-}" in
     "$VENV/bin/python" -m pytest "$@"
     ;;
   *)
-    echo "usage: bash dev.sh demo | bash dev.sh test [pytest args]" >&2
+    echo "usage: bash dev.sh demo | bash dev.sh test [pytest args] | bash dev.sh examples" >&2
     exit 2
     ;;
 esac

@@ -20,6 +20,8 @@ setup(
         "test": ["pytest>=8", "pytest-timeout", "scikit-learn", "nbclient", "nbformat", "ipykernel"],
         # The panel's real-browser test drives Debian's chromium (apt), not a downloaded one.
         "browser": ["jupyterlab>=4", "playwright>=1.40"],
+        # The example notebooks' plots and their stand-in data.
+        "examples": ["matplotlib", "scikit-learn"],
     },
     classifiers=["Framework :: IPython", "Framework :: Jupyter", "Programming Language :: Python :: 3"],
 )

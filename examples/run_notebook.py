@@ -1,9 +1,10 @@
-"""Runs a notebook headless (nbclient) and prints what its cells printed.
+"""Runs notebooks headless (nbclient) and prints what their cells printed.
 
-    python examples/run_notebook.py examples/quickstart.ipynb [-p EPOCHS=1 ...]
+    python examples/run_notebook.py examples/cifar10_cnn.ipynb [more.ipynb ...] [-p EPOCHS=1 ...]
 
 `-p NAME=VALUE` overrides a line `NAME = ...` in the cell tagged `parameters`
-(papermill style). Exits 1 if any cell produced an error output, so CI fails.
+(papermill style; the value is Python source, e.g. -p 'CONNECT="--simulate 8"').
+Exits 1 if any cell of any notebook produced an error output, so CI fails.
 """
 
 import argparse
@@ -28,22 +29,21 @@ def text_of(output):
     if output.output_type == "stream":
         return output.text
     if output.output_type in ("execute_result", "display_data"):
-        return output.get("data", {}).get("text/plain", "") + "\n"
+        data = output.get("data", {})
+        if "application/vnd.jupyter.widget-view+json" in data:
+            return "(widgets: the tpu_magic panel or a progress bar)\n"
+        return data.get("text/plain", "") + "\n"
     if output.output_type == "error":
         return "\n".join(output.traceback) + "\n"
     return ""
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("notebook")
-    parser.add_argument("-p", "--parameter", action="append", default=[], metavar="NAME=VALUE")
-    parser.add_argument("--timeout", type=int, default=900, help="seconds per cell")
-    args = parser.parse_args()
-    notebook = nbformat.read(args.notebook, as_version=4)
-    set_parameters(notebook, dict(p.split("=", 1) for p in args.parameter))
+def run(path, overrides, timeout):
+    """Executes one notebook; prints its outputs; returns the number of error outputs."""
+    notebook = nbformat.read(path, as_version=4)
+    set_parameters(notebook, overrides)
     start = time.perf_counter()
-    client = NotebookClient(notebook, timeout=args.timeout, kernel_name="python3",
+    client = NotebookClient(notebook, timeout=timeout, kernel_name="python3",
                             allow_errors=True, resources={"metadata": {"path": "."}})
     client.execute()
     errors = 0
@@ -55,9 +55,22 @@ def main():
             text = text_of(output).rstrip()
             if text:
                 print(f"[cell {index}] {text}")
-    print(f"{args.notebook}: {'FAILED' if errors else 'ok'} in {time.perf_counter() - start:.0f} s"
-          f"{f', {errors} cell error(s)' if errors else ''}")
-    return 1 if errors else 0
+    print(f"{path}: {'FAILED' if errors else 'ok'} in {time.perf_counter() - start:.0f} s"
+          f"{f', {errors} cell error(s)' if errors else ''}", flush=True)
+    return errors
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("notebooks", nargs="+")
+    parser.add_argument("-p", "--parameter", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--timeout", type=int, default=900, help="seconds per cell")
+    args = parser.parse_args()
+    overrides = dict(p.split("=", 1) for p in args.parameter)
+    failed = [path for path in args.notebooks if run(path, overrides, args.timeout)]
+    if failed:
+        print("failed: " + ", ".join(failed))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,150 @@
+"""The classic tutorials' datasets, with small stand-ins of the same shapes when offline.
+
+`load(name)` returns what `keras.datasets.<name>.load_data()` returns. It uses Keras's
+cache (~/.keras/datasets) when the file is there; otherwise it checks in at most a few
+seconds that the download host answers, and downloads. Offline (no answer, a failed
+download, or `offline=True`) it says so in one line and returns small data of the same
+shapes and dtypes: scikit-learn's bundled digits upscaled for the image sets, generated
+word sequences for IMDB. Nothing here is imported by `import tpu_magic`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any, Callable
+
+DOWNLOAD_HOST = ("storage.googleapis.com", 443)
+PROBE_SECONDS = 3.0
+IMDB_WORDS = 15000
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """One tutorial dataset: its Keras loader, cache file, and image shape (None: text)."""
+
+    loader: str
+    cache_file: str
+    image_shape: tuple[int, ...] | None
+
+
+DATASETS = {
+    "cifar10": Dataset("cifar10", "cifar-10-batches-py", (32, 32, 3)),
+    "mnist": Dataset("mnist", "mnist.npz", (28, 28)),
+    "fashion_mnist": Dataset("fashion_mnist", "fashion-mnist", (28, 28)),
+    "imdb": Dataset("imdb", "imdb.npz", None),
+}
+
+
+def load(name: str, *, samples: int | None = None, offline: bool = False,
+         num_words: int = IMDB_WORDS, say: Callable[[str], None] = print,
+         host: tuple[str, int] = DOWNLOAD_HOST) -> tuple[tuple[Any, Any], tuple[Any, Any]]:
+    """`(x_train, y_train), (x_test, y_test)` of a tutorial dataset.
+
+    Args:
+        name: "cifar10", "mnist", "fashion_mnist" or "imdb".
+        samples: keep at most this many training samples (and a sixth as many test ones).
+        offline: do not try to download; use the stand-in unless Keras has the file cached.
+        num_words: IMDB's vocabulary size.
+        say: prints the one line about where the data came from.
+        host: the download host probed before downloading.
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}: choose one of {', '.join(DATASETS)}")
+    spec = DATASETS[name]
+    cached = _cached(spec)
+    data, why = None, None
+    if cached or (not offline and _answers(host)):
+        try:
+            data = _keras_load(spec, num_words)
+            say(f"{name}: the real dataset ({'Keras cache' if cached else 'downloaded'})")
+        except Exception as exc:  # noqa: BLE001 - any failure means "use the stand-in"
+            why = f"the download failed ({type(exc).__name__})"
+    else:
+        why = "offline=True" if offline else f"{host[0]} does not answer"
+    if data is None:
+        data = _stand_in(spec, num_words)
+        say(f"{name}: offline ({why}), so small stand-in data of the same shapes "
+            f"({'digits upscaled' if spec.image_shape else 'generated word sequences'})")
+    return _first(data, samples)
+
+
+def _cached(spec: Dataset) -> bool:
+    home = os.environ.get("KERAS_HOME", os.path.join(os.path.expanduser("~"), ".keras"))
+    return os.path.exists(os.path.join(home, "datasets", spec.cache_file))
+
+
+def _answers(host: tuple[str, int]) -> bool:
+    try:
+        with socket.create_connection(host, timeout=PROBE_SECONDS):
+            return True
+    except OSError:
+        return False
+
+
+def _keras_load(spec: Dataset, num_words: int):
+    import keras
+
+    module = getattr(keras.datasets, spec.loader)
+    return module.load_data(num_words=num_words) if spec.loader == "imdb" else module.load_data()
+
+
+def _first(data, samples: int | None):
+    (x_train, y_train), (x_test, y_test) = data
+    if samples is None:
+        return data
+    test = max(samples // 6, 1)
+    return (x_train[:samples], y_train[:samples]), (x_test[:test], y_test[:test])
+
+
+def _stand_in(spec: Dataset, num_words: int):
+    if spec.image_shape is None:
+        return _word_sequences(num_words)
+    return _upscaled_digits(spec.image_shape, column_labels=spec.loader == "cifar10")
+
+
+def _upscaled_digits(shape: tuple[int, ...], column_labels: bool):
+    """sklearn's 1,797 8×8 digits as uint8 images of `shape` (nearest-neighbour upscale)."""
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    height, width = shape[:2]
+    rows = np.arange(height) * 8 // height
+    cols = np.arange(width) * 8 // width
+    images = (digits.images[:, rows][:, :, cols] * (255 / 16)).astype("uint8")
+    if len(shape) == 3:
+        images = np.repeat(images[..., None], shape[2], axis=-1)
+    labels = digits.target.astype("uint8")
+    if column_labels:
+        labels = labels[:, None]  # CIFAR-10's labels are (n, 1)
+    cut = len(images) - 300
+    return (images[:cut], labels[:cut]), (images[cut:], labels[cut:])
+
+
+def _word_sequences(num_words: int, train: int = 2000, test: int = 500, seed: int = 0):
+    """Reviews as lists of word indices; a review is positive when it holds more of the
+    'positive' words (even indices) than of the 'negative' ones (odd indices)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+
+    def make(count: int):
+        reviews, labels = [], []
+        for _ in range(count):
+            length = int(rng.integers(30, 300))
+            words = rng.integers(4, num_words, size=length)  # 0-3 are reserved, as in Keras
+            label = int(rng.integers(0, 2))
+            cue = rng.integers(2, 40, size=length // 4) * 2 + (1 - label)
+            words[rng.choice(length, size=len(cue), replace=False)] = cue
+            reviews.append(words.tolist())
+            labels.append(label)
+        sequences = np.empty(count, dtype=object)
+        sequences[:] = reviews
+        return sequences, np.array(labels, dtype="int64")
+
+    return make(train), make(test)
