@@ -21,10 +21,14 @@ chromium() {
   if [ -x /usr/bin/chromium ]; then
     return
   fi
-  if [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
+  local as_root=""
+  if [ "$(id -u)" != 0 ] && command -v sudo > /dev/null && sudo -n true 2> /dev/null; then
+    as_root="sudo -n"
+  fi
+  if { [ "$(id -u)" = 0 ] || [ -n "$as_root" ]; } && command -v apt-get > /dev/null; then
     echo "dev.sh: installing chromium with apt (for the panel's browser test)"
-    DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium > /dev/null
+    $as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    $as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium > /dev/null
   else
     echo "dev.sh: /usr/bin/chromium is missing, so the browser test will be skipped" \
          "(install it: sudo apt-get install chromium)"
