@@ -116,14 +116,21 @@ class TpuMagics(Magics, Configurable):
 
     def _sync_last(self, path: str | None) -> str:
         """The panel's Sync / Save: `%tpu_sync [--save PATH]` for the model trained last."""
-        from tpu_magic.session import session
-        from tpu_magic.sync import sync_into
+        return self._sync(None, None, path).summary()
 
+    def _sync(self, model: str | None, as_name: str | None, save: str | None):
+        """`%tpu_sync` and the panel's buttons: a CPU copy bound in the user's namespace."""
+        from tpu_magic.quiet import quiet_native_logs, tensorflow_info_silenced
+        from tpu_magic.session import session
+
+        quiet_native_logs()
         current = session()
-        report = sync_into(self.shell.user_ns, None, None, path,
-                           last_model=current and current.last_model,
-                           last_name=current and current.last_model_name)
-        return report.summary()
+        with tensorflow_info_silenced():
+            from tpu_magic.sync import sync_into
+
+            return sync_into(self.shell.user_ns, model, as_name, save,
+                             last_model=current and current.last_model,
+                             last_name=current and current.last_model_name)
 
     @magic_arguments()
     @argument("--batch-size", type=int, metavar="B",
@@ -183,18 +190,8 @@ class TpuMagics(Magics, Configurable):
     @usage_errors
     def tpu_sync(self, line=""):
         """Copy the trained model to a CPU model (any batch size) with the trained weights."""
-        from tpu_magic.quiet import quiet_native_logs, tensorflow_info_silenced
-        from tpu_magic.session import session
-
         args = parse_argstring(self.tpu_sync, line)
-        quiet_native_logs()
-        current = session()
-        with tensorflow_info_silenced():
-            from tpu_magic.sync import sync_into
-
-            return sync_into(self.shell.user_ns, args.model, args.as_name, args.save,
-                             last_model=current and current.last_model,
-                             last_name=current and current.last_model_name)
+        return self._sync(args.model, args.as_name, args.save)
 
 
 def _device_line(current) -> str:

@@ -38,6 +38,11 @@ def _light(state: str, text: str) -> str:
             f'<span class="tpu-magic-status" data-state="{state}">{html.escape(text)}</span>')
 
 
+def _error_text(exc: BaseException) -> str:
+    """A domain error's own message; anything else with its type (it is a bug)."""
+    return str(exc) if isinstance(exc, TpuMagicError) else f"{type(exc).__name__}: {exc}"
+
+
 def _numbers(logs: dict[str, float]) -> str:
     return " · ".join(f"{html.escape(k)} {v:.4g}" for k, v in logs.items())
 
@@ -141,12 +146,9 @@ class Panel:
         self.set_status("busy", busy)
         try:
             text = action()
-        except TpuMagicError as exc:
-            self.last_error = exc
-            self.set_status("error", str(exc))
         except Exception as exc:  # noqa: BLE001 - a button has nowhere else to show it
             self.last_error = exc
-            self.set_status("error", f"{type(exc).__name__}: {exc}")
+            self.set_status("error", _error_text(exc))
         else:
             self.last_error = None
             head, _, rest = text.partition("\n")
@@ -236,16 +238,13 @@ class Panel:
         error = job.exception()
         if error is not None:
             self.last_error = error
-            message = str(error) if isinstance(error, TpuMagicError) else \
-                f"{type(error).__name__}: {error}"
-            self.set_status("error", message)
+            self.set_status("error", _error_text(error))
         else:
             report = job.result()
             head, _, rest = report.summary().partition("\n")
             verdict = "stopped, weights kept" if report.interrupted else "done"
             self.set_status("ok", f"{verdict}: {report.epochs} epoch"
                                   f"{'s' * (report.epochs != 1)} — {head}", rest)
-        self.train_button.disabled = False  # revalidated below
         self._validate()
 
     # -- the training area (driven by `%%tpu_train`) ----------------------------------------
