@@ -11,13 +11,13 @@ setup(
     packages=find_packages(include=["tpu_magic", "tpu_magic.*"]),
     python_requires=">=3.10",
     # One flavour each: safe to depend on directly.
-    install_requires=["ipython>=8", "ipywidgets>=8", "tqdm>=4.66", "keras>=3", "numpy"],
+    install_requires=["ipython>=8", "ipywidgets>=8", "tqdm>=4.66", "keras>=3", "numpy", "h5py"],
     # TensorFlow comes in flavours that conflict when two are installed: pick one.
     extras_require={
         "tf": [f"tensorflow{TF_VERSION}"],
         "cpu": [f"tensorflow-cpu{TF_VERSION}"],
         "tpu": [f"tensorflow-tpu{TF_VERSION}"],
-        "test": ["pytest>=8", "pytest-timeout", "scikit-learn", "nbclient", "nbformat", "ipykernel"],
+        "test": ["pytest>=8", "pytest-timeout", "hypothesis", "scikit-learn", "nbclient", "nbformat", "ipykernel"],
         # The panel's real-browser test drives Debian's chromium (apt), not a downloaded one.
         "browser": ["jupyterlab>=4", "playwright>=1.40"],
         # The example notebooks' plots and their stand-in data.

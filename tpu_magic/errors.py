@@ -37,3 +37,7 @@ class SyncError(TpuMagicError):
 
 class TrainJobError(TpuMagicError):
     """A training job from the panel that cannot start."""
+
+
+class CheckpointError(TpuMagicError):
+    """A checkpoint directory or file that cannot be used."""

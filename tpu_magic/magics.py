@@ -140,6 +140,12 @@ class TpuMagics(Magics, Configurable):
               help="scale the learning rate linearly with the global batch (× replicas)")
     @argument("--steps-per-execution", type=int, metavar="K",
               help="run K steps per call into the device (the main speed knob on TPUs)")
+    @argument("--checkpoint", metavar="DIR",
+              help="after every epoch, write weights, optimizer state and epoch to DIR")
+    @argument("--keep", type=int, metavar="K",
+              help="with --checkpoint: how many of the newest checkpoints to keep (default 2)")
+    @argument("--resume", action="store_true",
+              help="with --checkpoint: continue from the newest checkpoint in DIR")
     @argument("--no-progress", action="store_true", help="no progress bar")
     @cell_magic
     @usage_errors
@@ -154,6 +160,10 @@ class TpuMagics(Magics, Configurable):
                             ("--steps-per-execution", args.steps_per_execution)):
             if value is not None and value < 1:
                 raise UsageError(f"{flag} {value} must be 1 or more")
+        for flag, given in (("--resume", args.resume), ("--keep", args.keep is not None)):
+            if given and args.checkpoint is None:
+                raise UsageError(f"{flag} works with --checkpoint DIR: add it, e.g. "
+                                 f"%%tpu_train --checkpoint ckpt {flag}")
         quiet_native_logs()
         job = session() and session().train_job
         if job is not None and not job.done():
@@ -167,7 +177,9 @@ class TpuMagics(Magics, Configurable):
             options = TrainOptions(batch_size=args.batch_size, epochs=args.epochs,
                                    scale_lr=args.scale_lr,
                                    steps_per_execution=args.steps_per_execution,
-                                   progress=not args.no_progress)
+                                   progress=not args.no_progress, checkpoint=args.checkpoint,
+                                   keep=2 if args.keep is None else args.keep,
+                                   resume=args.resume)
             current = session()
             training = TrainingCell(current, options, self.shell.user_ns, bar=_progress_bar(),
                                     view=current.panel)

@@ -48,12 +48,32 @@ def _as_tuple(x: Any) -> Any:
     return tuple(x) if isinstance(x, list) else x
 
 
-def _index_batches(samples: int, batch: int, shuffle: bool, repeat: bool) -> tuple[tf.data.Dataset, int, int]:
+def new_seed() -> int:
+    """A seed for the data order, from NumPy's global generator (`keras.utils.set_random_seed`
+    makes it repeatable)."""
+    return int(np.random.randint(0, 2**31 - 1))
+
+
+def _index_batches(samples: int, batch: int, shuffle: bool, repeat: bool, seed: int | None = None,
+                   first_epoch: int = 0) -> tuple[tf.data.Dataset, int, int]:
     steps = steps_for(samples, batch)
     pad = steps * batch - samples
+    if shuffle and repeat:
+        # Epoch e's order depends only on (seed, e): a run resumed at epoch e sees the
+        # same order as the run it continues.
+        seed_tensor = tf.constant(new_seed() if seed is None else seed, tf.int64)
+        padding = tf.fill([pad], tf.constant(-1, tf.int64))
+
+        def epoch_order(epoch):
+            order = tf.random.experimental.stateless_shuffle(
+                tf.range(samples, dtype=tf.int64), seed=tf.stack([seed_tensor, epoch]))
+            return tf.data.Dataset.from_tensor_slices(tf.concat([order, padding], 0))
+
+        indices = tf.data.Dataset.range(first_epoch, 2**62).flat_map(epoch_order)
+        return indices.batch(batch, drop_remainder=True), steps, pad
     indices = tf.data.Dataset.range(samples)
     if shuffle:
-        indices = indices.shuffle(samples, reshuffle_each_iteration=True)
+        indices = indices.shuffle(samples, seed=seed, reshuffle_each_iteration=True)
     if pad:
         indices = indices.concatenate(tf.data.Dataset.from_tensors(tf.constant(-1, tf.int64)).repeat(pad))
     if repeat:
@@ -94,7 +114,7 @@ def _labelled_loader(x: Any, y: Any, sample_weight: Any, pad: int,
 
 
 def train_pipeline(x: Any, y: Any, sample_weight: Any, batch: int, shuffle: bool,
-                   repeat: bool = True) -> Pipeline:
+                   repeat: bool = True, seed: int | None = None, first_epoch: int = 0) -> Pipeline:
     """Shuffled batches for `fit`; each padded batch's weights are rescaled to it.
 
     With `repeat`, the dataset is endless and `fit` gets `steps_per_epoch`; without,
@@ -103,10 +123,12 @@ def train_pipeline(x: Any, y: Any, sample_weight: Any, batch: int, shuffle: bool
 
     The weight of a real sample in a batch with `k` real samples is `batch / k`
     (times its own sample weight), so the step's loss and gradient are those of
-    the mean over its real samples.
+    the mean over its real samples. With `repeat`, the order of epoch `e` follows from
+    `seed` and `e` alone (`first_epoch` is the epoch `fit` starts at).
     """
     samples = num_samples(x)
-    indices, steps, pad = _index_batches(samples, batch, shuffle, repeat=repeat)
+    indices, steps, pad = _index_batches(samples, batch, shuffle, repeat=repeat, seed=seed,
+                                         first_epoch=first_epoch)
     load = _labelled_loader(x, y, sample_weight, pad,
                             lambda mask: mask * (batch / tf.maximum(tf.reduce_sum(mask), 1.0)))
     dataset = indices.map(load, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)

@@ -24,6 +24,8 @@ class TrainReport:
         history: the last `fit`'s `keras.callbacks.History`.
         interrupted: whether Ctrl-C (or Stop) ended the last `fit` early.
         rewrapped / notes: what tpu_magic changed or advises.
+        checkpoints: the checkpoint files written (--checkpoint), oldest first.
+        resumed_from: the checkpoint training continued from (--resume).
     """
 
     strategy: str
@@ -44,6 +46,8 @@ class TrainReport:
     fits: int = 0
     rewrapped: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    checkpoints: list[str] = field(default_factory=list)
+    resumed_from: str | None = None
     seconds: float = 0.0
 
     def summary(self) -> str:
@@ -63,6 +67,11 @@ class TrainReport:
                 lines.append(f"  time per epoch (s): {per}")
             if self.metrics:
                 lines.append("  final: " + _fmt(self.metrics))
+        if self.resumed_from:
+            lines.append(f"  resumed from {self.resumed_from}")
+        if self.checkpoints:
+            lines.append(f"  checkpoints: {len(self.checkpoints)} written, the newest "
+                         f"{self.checkpoints[-1]}")
         for result in self.evaluations:
             lines.append("  evaluate: " + _fmt(result))
         for rows in self.predictions:

@@ -25,7 +25,8 @@ import tensorflow as tf
 
 from tpu_magic import pipeline
 from tpu_magic.batching import BatchPlan, plan_batches, scaled_learning_rate
-from tpu_magic.errors import RewrapError
+from tpu_magic.checkpoint import Checkpoint, CheckpointStore, Checkpointing
+from tpu_magic.errors import CheckpointError, RewrapError
 from tpu_magic.exact_metrics import real_samples_only
 from tpu_magic.progress import FitProgress, FitTiming, TrainingView
 from tpu_magic.report import TrainReport
@@ -58,6 +59,9 @@ class TrainOptions:
     scale_lr: bool = False
     steps_per_execution: int | None = None
     progress: bool = True
+    checkpoint: str | None = None  # a directory
+    keep: int = 2
+    resume: bool = False
 
 
 class TrainingCell:
@@ -85,6 +89,8 @@ class TrainingCell:
                                   replicas=session.replicas)
         self.last_model: Any = None
         self.stop_event: threading.Event | None = None  # set: stop at the next batch
+        self.store: CheckpointStore | None = None
+        self._resume_pending = False
 
     def run(self, execute: Callable[[], Any], cell: str) -> TrainReport:
         """Rewraps the models the cell names, then runs it with the strategy in force."""
@@ -92,6 +98,8 @@ class TrainingCell:
         strategy = self.session.strategy
         if self.options.batch_size is not None:  # a bad flag fails before anything runs
             plan_batches(self.options.batch_size, self.session.replicas, what="--batch-size")
+        if self.options.checkpoint is not None:
+            self._open_checkpoints()
         for done in rewrap_namespace(self.namespace, names_in(cell), strategy):
             line = done.summary(type(strategy).__name__, self.session.replicas)
             self.report.rewrapped.extend(done.names)
@@ -260,6 +268,12 @@ class TrainingCell:
             call["epochs"] = self.options.epochs
         self._scale_learning_rate(model, plan)
         self._prepare(model)
+        seed, resume_from = pipeline.new_seed(), None
+        if self._resume_pending:  # the cell's first fit continues from the newest checkpoint
+            self._resume_pending = False
+            resume_from = self._resume_point(call["epochs"])
+            if resume_from is not None:
+                seed, call["initial_epoch"] = resume_from.seed, resume_from.epoch
         x, y, weights = call["x"], call["y"], call["sample_weight"]
         if pipeline.is_array_input(x) and (y is None or pipeline.is_array_input(y)):
             split = call.get("validation_split") or 0.0
@@ -270,7 +284,8 @@ class TrainingCell:
                 call["validation_split"] = 0.0
             endless = model.steps_per_execution == 1 or call.get("steps_per_epoch") is not None
             train = pipeline.train_pipeline(x, y, weights, plan.global_batch,
-                                            shuffle=bool(call.get("shuffle", True)), repeat=endless)
+                                            shuffle=bool(call.get("shuffle", True)), repeat=endless,
+                                            seed=seed, first_epoch=call.get("initial_epoch") or 0)
             call.update(x=train.dataset, y=None, sample_weight=None, batch_size=None, shuffle=False,
                         steps_per_epoch=call.get("steps_per_epoch") or (train.steps if endless else None))
         self._validation(model, call, named, plan)
@@ -278,25 +293,77 @@ class TrainingCell:
         progress = FitProgress(timing, bar=self.bar if self.options.progress else None,
                                view=self.view)
         call["callbacks"] = list(call.get("callbacks") or []) + [progress]
+        saver = None
+        if self.store is not None:  # first, so every other callback sees restored weights
+            saver = Checkpointing(self.store, seed, self.session.strategy, resume_from)
+            call["callbacks"].insert(0, saver)
         if self.stop_event is not None:
             call["callbacks"].append(_StopOnEvent(self.stop_event))
         if self.options.progress:
             call["verbose"] = 0
-        interrupted = False
+        interrupted, failure = False, None
         with _stop_on_interrupt(model) as stop:
             try:
                 history = _ORIGINAL["fit"](model, **call)
             except KeyboardInterrupt:
                 interrupted, history = True, getattr(model, "history", None)
+            except CheckpointError as exc:  # e.g. a full disk: stop, keep what was learned
+                failure, history = exc, getattr(model, "history", None)
             finally:
                 progress.close(interrupted=interrupted or stop.requested)
         stopped = self.stop_event is not None and self.stop_event.is_set()
-        interrupted = interrupted or stop.requested or stopped
+        interrupted = interrupted or stop.requested or stopped or failure is not None
         self._record_fit(recorded, plan, timing, history, interrupted)
+        if saver is not None:
+            self._record_checkpoints(saver)
+        if failure is not None:
+            raise failure
         if interrupted:
             self.say(f"Interrupted after {timing.steps_done} steps: the model keeps the weights "
                      "learned so far.")
         return history
+
+    # -- checkpoints -----------------------------------------------------------------------
+
+    def _open_checkpoints(self) -> None:
+        """--checkpoint: a writable directory; without --resume, one holding no checkpoints."""
+        store = CheckpointStore(self.options.checkpoint, self.options.keep)
+        store.prepare()
+        listing = store.listing()
+        if listing and not self.options.resume:
+            raise CheckpointError(
+                f"--checkpoint {store.directory} already holds checkpoints (the newest after "
+                f"epoch {listing[-1][1]}): add --resume to continue from it, or choose an "
+                "empty directory.")
+        self.store, self._resume_pending = store, self.options.resume
+
+    def _resume_point(self, epochs: int) -> Checkpoint | None:
+        """--resume: the newest checkpoint that reads back whole, and where training goes on."""
+        found = self.store.newest()
+        for why in found.skipped:
+            self._note(f"{why}: using the checkpoint before it", "warning: ")
+        checkpoint = found.checkpoint
+        if checkpoint is None:
+            if found.skipped:
+                raise CheckpointError(
+                    f"--resume: no checkpoint in {self.store.directory} reads back whole "
+                    f"({'; '.join(found.skipped)}). Move the damaged files away to start over.")
+            self.say(f"--resume: no checkpoint in {self.store.directory} yet, training from the "
+                     "start.")
+            return None
+        done = checkpoint.epoch
+        self.say(f"Resuming from {checkpoint.path}: {done} epoch{'s' * (done != 1)} done, "
+                 + (f"continuing at epoch {done + 1} of {epochs}." if done < epochs
+                    else f"all {epochs} are done (the model gets its weights)."))
+        self.report.resumed_from = str(checkpoint.path)
+        return checkpoint
+
+    def _record_checkpoints(self, saver: Checkpointing) -> None:
+        self.report.checkpoints.extend(str(p) for p in saver.written)
+        if saver.cut_short is not None:
+            newest = self.store.listing()
+            self._note(f"epoch {saver.cut_short} was stopped early, so it has no checkpoint"
+                       + (f" (the newest is {newest[-1][2].name})" if newest else ""))
 
     def _validation(self, model: Any, call: dict, named: set, plan: BatchPlan) -> None:
         data = call.get("validation_data")

@@ -1,0 +1,76 @@
+"""Trains a small model with `--checkpoint` in a process of its own, for test_faults.py.
+
+    python checkpoint_run.py DIR WEIGHTS.npz [--resume] [--hang-at-epoch N --marker PATH]
+
+With --hang-at-epoch, the checkpoint of epoch N is left half written (its temporary
+file truncated), PATH is created, and the process waits to be killed.
+"""
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, str(Path(__file__).parent))
+
+from cells import SETUP  # noqa: E402
+from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
+from traitlets.config import Config  # noqa: E402
+
+from tpu_magic import connect  # noqa: E402
+
+CELL = """
+keras.utils.set_random_seed(3)
+model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
+                          keras.layers.Dense(10, activation="softmax")])
+model.compile(keras.optimizers.Adam(0.01), "sparse_categorical_crossentropy")
+model.fit(x[:600], y[:600], batch_size=64, epochs=6, verbose=0)
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("directory")
+    parser.add_argument("weights")
+    parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--hang-at-epoch", type=int)
+    parser.add_argument("--marker")
+    args = parser.parse_args()
+
+    connect.configure_logical_cpus(8)
+    config = Config()
+    config.HistoryManager.enabled = False
+    shell = InteractiveShell.instance(config=config)
+    shell.run_line_magic("load_ext", "tpu_magic")
+    shell.run_line_magic("tpu_connect", "--simulate 8 --no-panel")
+    if args.hang_at_epoch:
+        hang_while_writing(args.hang_at_epoch, Path(args.marker))
+    shell.run_cell(SETUP)
+    line = f"--no-progress --checkpoint {args.directory}" + (" --resume" if args.resume else "")
+    report = shell.run_cell_magic("tpu_train", line, CELL)
+    import numpy as np
+
+    np.savez(args.weights, *shell.user_ns["model"].get_weights())
+    print(report.summary(), flush=True)
+
+
+def hang_while_writing(epoch: int, marker: Path) -> None:
+    from tpu_magic import checkpoint
+
+    real_write = checkpoint._write_file
+
+    def write(path, at_epoch, *rest):
+        real_write(path, at_epoch, *rest)
+        if at_epoch == epoch:
+            with open(path, "r+b") as handle:
+                handle.truncate(os.path.getsize(path) // 2)
+            marker.write_text(str(path))
+            time.sleep(600)
+
+    checkpoint._write_file = write
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,297 @@
+"""Checkpoints after every epoch, and resuming from them (`--checkpoint DIR`, `--resume`).
+
+A checkpoint is one HDF5 file holding the model's weights, the optimizer's state
+(its iteration count included, so schedules continue), the number of epochs done
+and the seed of the data order. It is written with `atomic_path` (temporary file,
+fsync, rename, fsync of the directory), so a crash at any moment leaves every
+checkpoint that was complete before it readable. Files are named
+`ckpt-SEQUENCE-epoch-EPOCH.h5`; the highest sequence is the newest; the last K are kept.
+
+Variables are matched by position and shape, not by name: Keras numbers its layer
+names per process (`dense` vs `dense_3`), and rewrapping renames them too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import h5py
+import keras
+import numpy as np
+
+from tpu_magic.atomic import atomic_path
+from tpu_magic.errors import CheckpointError
+from tpu_magic.rewrap import own_scope
+from tpu_magic.sync import replica_weights
+
+FORMAT = "tpu_magic checkpoint 1"
+_NAME = re.compile(r"^ckpt-(\d{6,})-epoch-(\d{4,})\.h5$")
+_TEMPORARY = re.compile(r"^\.ckpt-\d+-epoch-\d+\.h5\.(\d+)\.tmp$")
+
+
+@dataclass(frozen=True)
+class Variables:
+    """Named arrays in a fixed order: a model's weights or an optimizer's state."""
+
+    names: tuple[str, ...]
+    arrays: tuple[np.ndarray, ...]
+
+    @property
+    def shapes(self) -> list[tuple[int, ...]]:
+        return [tuple(a.shape) for a in self.arrays]
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One checkpoint read back from disk, every array already in memory."""
+
+    path: Path
+    sequence: int
+    epoch: int  # epochs completed
+    seed: int  # the data order's seed
+    weights: Variables
+    optimizer: Variables
+    optimizer_class: str
+
+
+@dataclass
+class Found:
+    """The newest readable checkpoint, and what was skipped to get to it."""
+
+    checkpoint: Checkpoint | None
+    skipped: list[str] = field(default_factory=list)  # "NAME: why", newest first
+
+
+# -- reading and writing one file ------------------------------------------------------------
+
+def state_of(model: Any) -> tuple[Variables, Variables, str]:
+    """The model's weights (averaged over replicas where they differ) and optimizer state."""
+    arrays, _, _ = replica_weights(model)
+    weights = Variables(tuple(w.path for w in model.weights), tuple(arrays))
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None or not optimizer.built:
+        return weights, Variables((), ()), type(optimizer).__name__ if optimizer else ""
+    with own_scope(model):
+        slots = tuple(keras.ops.convert_to_numpy(v) for v in optimizer.variables)
+    return weights, Variables(tuple(v.path for v in optimizer.variables), slots), \
+        type(optimizer).__name__
+
+
+def _write_file(path: Path, epoch: int, seed: int, sequence: int, weights: Variables,
+                optimizer: Variables, optimizer_class: str) -> None:
+    with h5py.File(path, "w") as handle:
+        handle.attrs.update(format=FORMAT, epoch=epoch, seed=seed, sequence=sequence,
+                            optimizer_class=optimizer_class, keras_version=keras.__version__)
+        for group_name, variables in (("weights", weights), ("optimizer", optimizer)):
+            group = handle.create_group(group_name)
+            group.attrs["names"] = json.dumps(list(variables.names))
+            for i, array in enumerate(variables.arrays):
+                group.create_dataset(str(i), data=array)
+
+
+def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
+    """Reads a whole checkpoint file (every array), so a damaged file fails here.
+
+    Raises:
+        CheckpointError: the file is not a complete tpu_magic checkpoint.
+    """
+    path = Path(path)
+    try:
+        with h5py.File(path, "r") as handle:
+            if handle.attrs.get("format") != FORMAT:
+                raise CheckpointError(f"{path.name} is not a tpu_magic checkpoint")
+            groups = {}
+            for group_name in ("weights", "optimizer"):
+                group = handle[group_name]
+                names = tuple(json.loads(group.attrs["names"]))
+                arrays = tuple(np.asarray(group[str(i)][()]) for i in range(len(names)))
+                groups[group_name] = Variables(names, arrays)
+            return Checkpoint(path, int(handle.attrs["sequence"]), int(handle.attrs["epoch"]),
+                              int(handle.attrs["seed"]), groups["weights"], groups["optimizer"],
+                              str(handle.attrs["optimizer_class"]))
+    except CheckpointError:
+        raise
+    except Exception as exc:  # h5py reports damage as OSError, KeyError, ValueError, ...
+        raise CheckpointError(f"{path.name} is unreadable ({type(exc).__name__}: {exc})") from exc
+
+
+def mismatch(saved: Variables, current: Variables, what: str) -> str | None:
+    """How two variable lists differ, in words (None: same count and shapes)."""
+    if len(saved.arrays) != len(current.arrays):
+        return (f"the checkpoint has {len(saved.arrays)} {what}, the model has "
+                f"{len(current.arrays)}")
+    for i, (old, new) in enumerate(zip(saved.shapes, current.shapes)):
+        if old != new:
+            return (f"{what} {i} ({current.names[i]}) has shape {new} in the model but "
+                    f"{old} in the checkpoint ({saved.names[i]})")
+    return None
+
+
+def restore(model: Any, checkpoint: Checkpoint, strategy: Any) -> None:
+    """Puts a checkpoint's weights and optimizer state into the model (all or nothing).
+
+    Raises:
+        CheckpointError: the model is not built, or has another architecture or optimizer.
+    """
+    where = checkpoint.path.name
+    if not model.built:
+        raise CheckpointError(
+            f"cannot resume from {where}: the model has no weights yet. Start it with "
+            "keras.Input(shape) so its weights exist before training.")
+    optimizer = getattr(model, "optimizer", None)
+    with strategy.scope():
+        if optimizer is not None and not optimizer.built:
+            optimizer.build(model.trainable_variables)
+        weights, slots, optimizer_class = state_of(model)
+        problem = mismatch(checkpoint.weights, weights, "weights")
+        if problem is None and checkpoint.optimizer.arrays:
+            if checkpoint.optimizer_class != optimizer_class:
+                problem = (f"the checkpoint's optimizer is {checkpoint.optimizer_class}, the "
+                           f"model's is {optimizer_class}")
+            else:
+                problem = mismatch(checkpoint.optimizer, slots, "optimizer variables")
+        if problem:
+            raise CheckpointError(
+                f"cannot resume from {where}: it was written for another model ({problem}). "
+                "Use the model that wrote it, or another --checkpoint directory.")
+        for variable, array in zip(model.weights, checkpoint.weights.arrays):
+            variable.assign(array)
+        if checkpoint.optimizer.arrays:
+            for variable, array in zip(optimizer.variables, checkpoint.optimizer.arrays):
+                variable.assign(array)
+
+
+# -- the directory ---------------------------------------------------------------------------
+
+class CheckpointStore:
+    """The checkpoints in one directory: list, write (keeping the last K), find the newest.
+
+    Args:
+        directory: where checkpoints go (created if missing; a mounted Drive works unchanged).
+        keep: how many of the newest checkpoints to keep.
+    """
+
+    def __init__(self, directory: str | os.PathLike, keep: int = 2):
+        if keep < 1:
+            raise CheckpointError(f"--keep {keep} must be 1 or more (the checkpoints to keep)")
+        self.directory = Path(os.path.expanduser(str(directory)))
+        self.keep = keep
+
+    def prepare(self) -> None:
+        """Creates the directory and proves it is writable; removes dead writers' leftovers.
+
+        Raises:
+            CheckpointError: the directory cannot be created or written.
+        """
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            probe = self.directory / f".tpu_magic-probe.{os.getpid()}"
+            probe.write_bytes(b"ok")
+            probe.unlink()
+        except OSError as exc:
+            raise CheckpointError(
+                f"--checkpoint {self.directory}: cannot write there "
+                f"({exc.strerror or exc}). Choose a directory you can write to, e.g. "
+                "/content/drive/MyDrive/checkpoints after mounting Drive.") from exc
+        for leftover in self.directory.iterdir():
+            match = _TEMPORARY.match(leftover.name)
+            if match and not _alive(int(match.group(1))):
+                leftover.unlink(missing_ok=True)
+
+    def listing(self) -> list[tuple[int, int, Path]]:
+        """(sequence, epoch, path) of the checkpoint files, oldest first."""
+        if not self.directory.is_dir():
+            return []
+        found = []
+        for path in self.directory.iterdir():
+            match = _NAME.match(path.name)
+            if match:
+                found.append((int(match.group(1)), int(match.group(2)), path))
+        return sorted(found)
+
+    def newest(self) -> Found:
+        """The newest checkpoint that reads back whole; damaged newer ones are skipped."""
+        found = Found(None)
+        for _, _, path in reversed(self.listing()):
+            try:
+                found.checkpoint = read_checkpoint(path)
+                return found
+            except CheckpointError as exc:
+                found.skipped.append(str(exc))
+        return found
+
+    def save(self, model: Any, epoch: int, seed: int) -> Path:
+        """Writes a checkpoint atomically, then drops all but the newest `keep`.
+
+        Raises:
+            CheckpointError: it could not be written (the previous checkpoints are intact).
+        """
+        listing = self.listing()
+        sequence = listing[-1][0] + 1 if listing else 1
+        target = self.directory / f"ckpt-{sequence:06d}-epoch-{epoch:04d}.h5"
+        weights, optimizer, optimizer_class = state_of(model)
+        try:
+            with atomic_path(target) as temporary:
+                _write_file(temporary, epoch, seed, sequence, weights, optimizer, optimizer_class)
+        except OSError as exc:
+            raise CheckpointError(
+                f"the checkpoint after epoch {epoch} could not be written to {target} "
+                f"({exc.strerror or exc}). Training stopped; the model keeps its weights"
+                + (f" and {listing[-1][2].name} is intact" if listing else "")
+                + ". Free space or choose another --checkpoint directory, then re-run the "
+                "cell with --resume.") from exc
+        for _, _, old in (listing + [(sequence, epoch, target)])[:-self.keep]:
+            old.unlink(missing_ok=True)
+        return target
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# -- during fit ------------------------------------------------------------------------------
+
+class Checkpointing(keras.callbacks.Callback):
+    """Restores a checkpoint when training begins and writes one after every epoch.
+
+    Args:
+        store: where to write.
+        seed: the data order's seed (saved, so a resumed run sees the same order).
+        strategy: the strategy the model trains under.
+        resume_from: the checkpoint to restore before the first step, if resuming.
+        say: prints one line to the user.
+    """
+
+    def __init__(self, store: CheckpointStore, seed: int, strategy: Any,
+                 resume_from: Checkpoint | None = None, say: Callable[[str], None] = print):
+        super().__init__()
+        self.store, self.seed, self.strategy = store, seed, strategy
+        self.resume_from, self.say = resume_from, say
+        self.written: list[Path] = []
+        self.cut_short: int | None = None  # an epoch stopped early (not checkpointed)
+
+    def on_train_begin(self, logs=None):
+        if self.resume_from is not None:
+            restore(self.model, self.resume_from, self.strategy)
+
+    def on_epoch_end(self, epoch, logs=None):
+        # Called first among the callbacks: a stop requested already came from a batch
+        # hook or Ctrl-C, so this epoch ended early and is not a complete one.
+        if self.model.stop_training:
+            self.cut_short = epoch + 1
+            return
+        self.written.append(self.store.save(self.model, epoch + 1, self.seed))
+
