@@ -402,3 +402,11 @@ def test_native_log_level_is_set_only_when_the_user_chose_none(monkeypatch):
     monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL")
     quiet_native_logs()
     assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "2"
+
+
+def test_a_batch_larger_than_the_data_pads_only_to_whole_replicas(digits):
+    report = train(digits, DENSE + "p = model.predict(x[:6])\nmodel.fit(x[:40], y[:40], epochs=1)\n"
+                                   "e = model.evaluate(x[:13], y[:13], return_dict=True)",
+                   "--no-progress --batch-size 800000000")
+    assert len(digits.user_ns["p"]) == 6
+    assert report.global_batch == 800000000 and report.steps == 1

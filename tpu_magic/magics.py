@@ -61,7 +61,7 @@ class TpuMagics(Magics, Configurable):
         from tpu_magic.quiet import quiet_native_logs, tensorflow_info_silenced
         from tpu_magic.session import session
 
-        args = parse_argstring(self.tpu_connect, line)
+        args = _parse(self.tpu_connect, line)
         quiet_native_logs()
         with tensorflow_info_silenced():
             result = connect(
@@ -155,7 +155,7 @@ class TpuMagics(Magics, Configurable):
         from tpu_magic.quiet import quiet_native_logs, tensorflow_info_silenced
         from tpu_magic.session import session
 
-        args = parse_argstring(self.tpu_train, line)
+        args = _parse(self.tpu_train, line)
         for flag, value in (("--epochs", args.epochs),
                             ("--steps-per-execution", args.steps_per_execution)):
             if value is not None and value < 1:
@@ -202,8 +202,18 @@ class TpuMagics(Magics, Configurable):
     @usage_errors
     def tpu_sync(self, line=""):
         """Copy the trained model to a CPU model (any batch size) with the trained weights."""
-        args = parse_argstring(self.tpu_sync, line)
+        args = _parse(self.tpu_sync, line)
         return self._sync(args.model, args.as_name, args.save)
+
+
+def _parse(magic, line: str):
+    """`parse_argstring`, with unreadable quoting as a `UsageError` too (shlex raises ValueError)."""
+    try:
+        return parse_argstring(magic, line)
+    except ValueError as exc:
+        name = magic.__name__
+        raise UsageError(f"%{name} could not read its arguments ({exc}): {line!r}. Quote a value "
+                         f"that has spaces with matching quotes; see %{name}?") from None
 
 
 def _device_line(current) -> str:

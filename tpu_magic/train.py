@@ -213,6 +213,14 @@ class TrainingCell:
             self._note(warning, "warning: ")
         return plan
 
+    def _padded_batch(self, plan: BatchPlan, model: Any, samples: int) -> int:
+        """The batch NumPy data is padded to: a batch larger than the data shrinks to the data,
+        rounded up to whole replicas (the same results without padding, say, 10**9 rows)."""
+        if _static_batch(model) is not None:
+            return plan.global_batch
+        unit = plan.replicas * (8 if self.session.tpu_rules else 1)
+        return min(plan.global_batch, max(1, math.ceil(samples / unit)) * unit)
+
     def _note(self, text: str, prefix: str = "note: ") -> None:
         """Tells the user once per cell, and keeps it in the report."""
         if text not in self.report.notes:
@@ -275,6 +283,7 @@ class TrainingCell:
             if resume_from is not None:
                 seed, call["initial_epoch"] = resume_from.seed, resume_from.epoch
         x, y, weights = call["x"], call["y"], call["sample_weight"]
+        batch = plan.global_batch
         if pipeline.is_array_input(x) and (y is None or pipeline.is_array_input(y)):
             split = call.get("validation_split") or 0.0
             if split and call.get("validation_data") is None:
@@ -283,13 +292,14 @@ class TrainingCell:
                 (x, y, weights), call["validation_data"] = head, tail
                 call["validation_split"] = 0.0
             endless = model.steps_per_execution == 1 or call.get("steps_per_epoch") is not None
-            train = pipeline.train_pipeline(x, y, weights, plan.global_batch,
+            batch = self._padded_batch(plan, model, pipeline.num_samples(x))
+            train = pipeline.train_pipeline(x, y, weights, batch,
                                             shuffle=bool(call.get("shuffle", True)), repeat=endless,
                                             seed=seed, first_epoch=call.get("initial_epoch") or 0)
             call.update(x=train.dataset, y=None, sample_weight=None, batch_size=None, shuffle=False,
                         steps_per_epoch=call.get("steps_per_epoch") or (train.steps if endless else None))
         self._validation(model, call, named, plan)
-        timing = FitTiming(global_batch=plan.global_batch)
+        timing = FitTiming(global_batch=batch)
         progress = FitProgress(timing, bar=self.bar if self.options.progress else None,
                                view=self.view)
         call["callbacks"] = list(call.get("callbacks") or []) + [progress]
@@ -375,7 +385,8 @@ class TrainingCell:
         batch = call.get("validation_batch_size") or plan.global_batch
         vplan = plan_batches(batch, self.session.replicas, what="validation_batch_size",
                              static_per_replica=plan.per_replica if _static_batch(model) else None)
-        evaluation = pipeline.eval_pipeline(vx, vy, vw, vplan.global_batch)
+        evaluation = pipeline.eval_pipeline(
+            vx, vy, vw, self._padded_batch(vplan, model, pipeline.num_samples(vx)))
         call.update(validation_data=evaluation.dataset, validation_batch_size=None,
                     validation_steps=call.get("validation_steps") or evaluation.steps)
 
@@ -402,7 +413,8 @@ class TrainingCell:
         self._prepare(model)
         x, y, weights = call["x"], call["y"], call["sample_weight"]
         if pipeline.is_array_input(x) and pipeline.is_array_input(y):
-            evaluation = pipeline.eval_pipeline(x, y, weights, plan.global_batch)
+            evaluation = pipeline.eval_pipeline(
+                x, y, weights, self._padded_batch(plan, model, pipeline.num_samples(x)))
             call.update(x=evaluation.dataset, y=None, sample_weight=None, batch_size=None,
                         steps=call.get("steps") or evaluation.steps)
         if self.options.progress:
@@ -425,7 +437,8 @@ class TrainingCell:
         if not pipeline.is_array_input(x):
             out = _ORIGINAL["predict"](model, **call)
         else:
-            samples = pipeline.predict_pipeline(x, plan.global_batch)
+            samples = pipeline.predict_pipeline(
+                x, self._padded_batch(plan, model, pipeline.num_samples(x)))
             call.update(x=samples.dataset, batch_size=None, steps=samples.steps)
             out = pipeline.trim(_ORIGINAL["predict"](model, **call), samples.samples)
         rows = len(keras.tree.flatten(out)[0])
