@@ -1,11 +1,15 @@
-"""`%tpu_sync` time: the seeds' CIFAR-10 CNN and a ~25M-parameter model, with and without --save.
+"""Copying trained weights out: `%tpu_sync` (with and without --save) and a checkpoint
+(`%%tpu_train --checkpoint`: write one, read it back and restore it), for the seeds'
+CIFAR-10 CNN and a ~25M-parameter model.
 
     python benchmarks/bench_sync.py [--simulate N] [--repeats R] [--json PATH]
 
 Each model is built and trained for one step in a `%%tpu_train` cell (so its
 variables are distributed, as after real training), then `%tpu_sync` runs R times
-and `%tpu_sync --save` R times; the median of each is kept. Prints a table and
-writes JSON: parameters, sync seconds, sync+save seconds, file MB, max_abs_diff.
+and `%tpu_sync --save` R times, then a checkpoint is written and restored R times; the
+median of each is kept. Prints a table and writes JSON: parameters, sync seconds,
+sync+save seconds, file MB, max_abs_diff, checkpoint write / restore seconds and MB
+(a checkpoint holds the optimizer state too: Adam's two slots triple its size).
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ def main(argv=None):
     import numpy as np
 
     import tpu_magic
+    from tpu_magic.checkpoint import CheckpointStore, read_checkpoint, restore
 
     replicas = tpu_magic.session().replicas
     shell.user_ns.update(build_cnn=build_cnn, np=np, keras=keras)
@@ -74,12 +79,26 @@ m.fit(x, y, batch_size={batch}, epochs=1, verbose=0)
                 start = time.perf_counter()
                 shell.run_line_magic("tpu_sync", f"m --save {path}")
                 save.append(time.perf_counter() - start)
+            model, strategy = shell.user_ns["m"], tpu_magic.session().strategy
+            store = CheckpointStore(os.path.join(directory, f"ckpt-{len(rows)}"), keep=1)
+            store.prepare()
+            write, resume = [], []
+            for epoch in range(1, args.repeats + 1):
+                start = time.perf_counter()
+                written = store.save(model, epoch, seed=0)
+                write.append(time.perf_counter() - start)
+                start = time.perf_counter()
+                restore(model, read_checkpoint(written), strategy)
+                resume.append(time.perf_counter() - start)
             rows.append({
                 "model": label, "parameters": report.parameters,
                 "sync_seconds": statistics.median(sync),
                 "sync_and_save_seconds": statistics.median(save),
                 "file_mb": os.path.getsize(path) / 2**20,
                 "max_abs_diff": report.max_abs_diff, "averaged": report.averaged,
+                "checkpoint_write_seconds": statistics.median(write),
+                "checkpoint_restore_seconds": statistics.median(resume),
+                "checkpoint_mb": os.path.getsize(written) / 2**20,
             })
     result = {"replicas": replicas, "device": tpu_magic.session().kind,
               "simulated": tpu_magic.session().simulated, "repeats": args.repeats,
@@ -87,10 +106,13 @@ m.fit(x, y, batch_size={batch}, epochs=1, verbose=0)
               "cpu_count": os.cpu_count(), "rows": rows}
     print(f"%tpu_sync on {replicas} replicas ({result['device']}"
           f"{', simulated' if result['simulated'] else ''}), median of {args.repeats}")
-    print(f"{'model':<20} {'params':>12} {'sync s':>8} {'+save s':>8} {'file MB':>8} {'max diff':>9}")
+    print(f"{'model':<20} {'params':>12} {'sync s':>8} {'+save s':>8} {'file MB':>8} {'max diff':>9}"
+          f" {'ckpt s':>7} {'restore s':>9} {'ckpt MB':>8}")
     for r in rows:
         print(f"{r['model']:<20} {r['parameters']:>12,} {r['sync_seconds']:>8.2f} "
-              f"{r['sync_and_save_seconds']:>8.2f} {r['file_mb']:>8.1f} {r['max_abs_diff']:>9.2g}")
+              f"{r['sync_and_save_seconds']:>8.2f} {r['file_mb']:>8.1f} {r['max_abs_diff']:>9.2g}"
+              f" {r['checkpoint_write_seconds']:>7.2f} {r['checkpoint_restore_seconds']:>9.2f}"
+              f" {r['checkpoint_mb']:>8.1f}")
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as handle:
