@@ -13,7 +13,7 @@ setup() {
     python3 -m venv "$VENV"
   fi
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[cpu,test,browser,examples]"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[cpu,test,browser,examples,jax]"
 }
 
 # The panel's browser test drives Debian's chromium; Playwright's own download is not used.

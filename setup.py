@@ -20,6 +20,8 @@ setup(
         "test": ["pytest>=8", "pytest-timeout", "hypothesis", "scikit-learn", "nbclient", "nbformat", "ipykernel"],
         # The panel's real-browser test drives Debian's chromium (apt), not a downloaded one.
         "browser": ["jupyterlab>=4", "playwright>=1.40"],
+        # Keras on JAX (`%tpu_connect --backend jax`); on a TPU VM: pip install "jax[tpu]".
+        "jax": ["jax>=0.4.30"],
         # The example notebooks' plots and their stand-in data.
         "examples": ["matplotlib", "scikit-learn"],
     },

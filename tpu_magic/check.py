@@ -137,9 +137,11 @@ def device_memory(tf: Any, kind: str, device: str) -> str | None:
 
 def run_check(s: Session, env: Mapping[str, str] | None = None) -> DeviceCheck:
     """Lists the devices and library versions and measures matmul throughput."""
+    env = os.environ if env is None else env
+    if s.backend == "jax":
+        return _run_check_jax(s, env)
     import tensorflow as tf  # the session exists, so TensorFlow is importable
 
-    env = os.environ if env is None else env
     device = s.devices[0] if s.devices else "/cpu:0"
     device_type = "CPU (simulated TPU core)" if s.simulated else s.kind.upper()
     if s.kind == "gpu":
@@ -154,5 +156,27 @@ def run_check(s: Session, env: Mapping[str, str] | None = None) -> DeviceCheck:
         replicas=s.replicas, memory=device_memory(tf, s.kind, device), versions=versions,
         warnings=tuple(version_warnings(versions)), dtype=dtype, matmul_size=n,
         measured_tflops=measure_matmul(tf, device, dtype, n),
+        peak_tflops=nominal_peak(s.kind, device_type, env),
+    )
+
+
+def _run_check_jax(s: Session, env: Mapping[str, str]) -> DeviceCheck:
+    import jax
+
+    from tpu_magic import jax_backend
+
+    device = jax.devices(s.kind)[0]
+    device_type = ("CPU (simulated TPU core)" if s.simulated
+                   else f"TPU {env.get('TPU_ACCELERATOR_TYPE', '')}".strip() if s.kind == "tpu"
+                   else getattr(device, "device_kind", s.kind.upper()))
+    dtype, n = ("bfloat16", 4096) if s.kind in ("tpu", "gpu") else ("float32", 1024)
+    versions = installed_versions()
+    memory = jax_backend.device_memory(device) or (
+        device_memory(None, "cpu", "") if s.kind == "cpu" else None)
+    return DeviceCheck(
+        kind=s.kind, device_type=device_type, device_count=max(len(s.devices), 1),
+        replicas=s.replicas, memory=memory, versions=versions,
+        warnings=tuple(version_warnings(versions)), dtype=dtype, matmul_size=n,
+        measured_tflops=jax_backend.measure_matmul(device, dtype, n),
         peak_tflops=nominal_peak(s.kind, device_type, env),
     )

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from tpu_magic import probe
+from tpu_magic.backends import choose_backend, imported_keras_backend, select
+from tpu_magic.check import installed_versions
 from tpu_magic.deps import require_tensorflow
 from tpu_magic.errors import AddressError, ConnectError
 from tpu_magic.session import Session, session, set_session
@@ -36,6 +38,7 @@ class ConnectResult:
     reused: bool = False
     notes: tuple[str, ...] = ()
     check: Any = None  # a `DeviceCheck` with --check
+    backend: str = "tf"
 
     def summary(self) -> str:
         what = (
@@ -45,7 +48,8 @@ class ConnectResult:
         )
         head = "Reusing the connection" if self.reused else "Connected"
         lines = [
-            f"{head}: {what} — {self.strategy_name}, {self.replicas} "
+            f"{head}: {what} — {self.strategy_name}"
+            f"{' (Keras on JAX)' if self.backend == 'jax' else ''}, {self.replicas} "
             f"replica{'s' if self.replicas != 1 else ''} ({self.seconds:.2f} s)",
             f"  why: {self.reason}",
         ]
@@ -90,6 +94,7 @@ def connect(
     *,
     simulate: int | None = None,
     timeout: float = 30.0,
+    backend: str = "auto",
     env: Mapping[str, str] | None = None,
     signs: MachineSigns | None = None,
     probe_tf: Callable[[str, float], int] = probe.probe_tf_connect,
@@ -100,6 +105,7 @@ def connect(
         target: "auto", "local", "grpc://HOST:PORT", a TPU name, "gpu" or "cpu".
         simulate: split the CPU into this many logical devices and replicate over them.
         timeout: seconds a TPU node may take to answer.
+        backend: the Keras backend, "tf", "jax" or "auto" (see `backends.choose_backend`).
         env: environment to decide `auto` from (default `os.environ`).
         signs: machine signs for `auto` (default: read from this machine).
         probe_tf: the bounded TensorFlow connect check for TPU nodes.
@@ -126,13 +132,26 @@ def connect(
                 f"use `%tpu_connect --simulate {simulate}`"
             )
         chosen = Target("cpu", None, f"--simulate {simulate}: {simulate} logical CPU devices")
-    else:
-        chosen = resolve_target(target, os.environ if env is None else env,
-                                read_machine_signs() if signs is None else signs)
+    env = os.environ if env is None else env
+    signs = read_machine_signs() if signs is None else signs
+    if simulate is None:
+        chosen = resolve_target(target, env, signs)
+    choice = choose_backend(backend, imported_keras_backend(), env, signs.tpu_vm,
+                            installed_versions())
+    if choice.backend == "jax":
+        chosen = Target(chosen.kind, chosen.address, f"{chosen.reason}; Keras on JAX "
+                                                     f"({choice.reason})", chosen.notes)
 
     current = session()
-    if current is not None and _same(current, chosen, simulate):
+    if current is not None and current.backend == choice.backend and _same(current, chosen, simulate):
         return _result(current, chosen, start, reused=True)
+    select(choice)
+    if choice.backend == "jax":
+        from tpu_magic.jax_backend import jax_session
+
+        new, chosen = jax_session(chosen, simulate, explicit_gpu=target.strip().lower() == "gpu")
+        set_session(new)
+        return _result(new, chosen, start)
     if chosen.kind == "tpu" and _initialized_tpu not in (None, chosen.address):
         raise ConnectError(
             f"this process is already connected to TPU {_initialized_tpu}; TensorFlow cannot "
@@ -216,7 +235,7 @@ def _result(s: Session, chosen: Target, start: float, reused: bool = False) -> C
         target=s.target, kind=s.kind, replicas=s.replicas,
         strategy_name=type(s.strategy).__name__, simulated=s.simulated,
         reason=chosen.reason, devices=s.devices, seconds=time.monotonic() - start,
-        reused=reused, notes=chosen.notes,
+        reused=reused, notes=chosen.notes, backend=s.backend,
     )
 
 

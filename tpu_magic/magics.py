@@ -49,6 +49,9 @@ class TpuMagics(Magics, Configurable):
               help="seconds a TPU node may take to answer (default: TpuMagics.timeout, 30)")
     @argument("--check", action="store_true",
               help="device check: devices, memory, versions, measured matmul TFLOP/s")
+    @argument("--backend", default="auto", metavar="tf|jax|auto",
+              help="the Keras backend (default auto: an imported keras's, KERAS_BACKEND, jax on a "
+                   "TPU VM without tensorflow-tpu, else tf); set before keras is imported")
     @argument("--no-panel", action="store_true", help="text output only, no widget panel")
     @line_magic
     @usage_errors
@@ -65,7 +68,7 @@ class TpuMagics(Magics, Configurable):
         quiet_native_logs()
         with tensorflow_info_silenced():
             result = connect(
-                args.target, simulate=args.simulate,
+                args.target, simulate=args.simulate, backend=args.backend,
                 timeout=self.timeout if args.timeout is None else args.timeout,
             )
         if args.check:
@@ -218,13 +221,21 @@ def _parse(magic, line: str):
 
 def _device_line(current) -> str:
     """kind · replicas · memory, for the panel."""
-    import tensorflow as tf
-
-    from tpu_magic.check import device_memory
-
     kind = (f"simulated {current.replicas}-core TPU on the CPU" if current.simulated
             else current.kind.upper())
-    memory = device_memory(tf, current.kind, current.devices[0] if current.devices else "/cpu:0")
+    if current.backend == "jax":
+        import jax
+
+        from tpu_magic.jax_backend import device_memory
+
+        memory = device_memory(jax.devices(current.kind)[0])
+    else:
+        import tensorflow as tf
+
+        from tpu_magic.check import device_memory
+
+        memory = device_memory(tf, current.kind,
+                               current.devices[0] if current.devices else "/cpu:0")
     parts = [kind, f"{type(current.strategy).__name__}, {current.replicas} "
                    f"replica{'s' * (current.replicas != 1)}"]
     return " · ".join(parts + ([memory] if memory else []))

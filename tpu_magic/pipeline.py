@@ -10,48 +10,17 @@ stalls at every epoch start; `repeat()` + `steps_per_epoch` + prefetch does not.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable
 
-import numpy as np
 import tensorflow as tf
 
+from tpu_magic.arrays import Pipeline, new_seed, num_samples
 from tpu_magic.batching import steps_for
-
-
-@dataclass(frozen=True)
-class Pipeline:
-    """A dataset and the number of steps that cover the data once."""
-
-    dataset: tf.data.Dataset
-    steps: int
-    samples: int
-    padded: int  # samples of padding in one pass
-
-
-def is_array_input(x: Any) -> bool:
-    """True for NumPy arrays (or lists/tuples/dicts of them), which tpu_magic batches itself."""
-    leaves = tf.nest.flatten(x)
-    return bool(leaves) and all(isinstance(a, np.ndarray) for a in leaves)
-
-
-def num_samples(x: Any) -> int:
-    """The common first dimension of the arrays in `x`."""
-    lengths = {len(a) for a in tf.nest.flatten(x)}
-    if len(lengths) != 1:
-        raise ValueError(f"inputs have different numbers of samples: {sorted(lengths)}")
-    return lengths.pop()
 
 
 def _as_tuple(x: Any) -> Any:
     # tf.data keeps tuples as structures but would stack lists into one tensor.
     return tuple(x) if isinstance(x, list) else x
-
-
-def new_seed() -> int:
-    """A seed for the data order, from NumPy's global generator (`keras.utils.set_random_seed`
-    makes it repeatable)."""
-    return int(np.random.randint(0, 2**31 - 1))
 
 
 def _index_batches(samples: int, batch: int, shuffle: bool, repeat: bool, seed: int | None = None,
@@ -157,11 +126,6 @@ def predict_pipeline(x: Any, batch: int) -> Pipeline:
     dataset = indices.map(lambda i: (_gather(data, tf.maximum(i, 0)),),
                           num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
     return Pipeline(dataset, steps, samples, pad)
-
-
-def trim(outputs: Any, samples: int) -> Any:
-    """Drops the padded rows from predict outputs."""
-    return tf.nest.map_structure(lambda a: a[:samples], outputs)
 
 
 def dataset_batch_size(dataset: Any) -> int | None:

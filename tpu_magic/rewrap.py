@@ -51,6 +51,8 @@ def _variables(model: Any) -> list[Any]:
 
 def built_outside(model: Any, strategy: Any) -> bool:
     """True when the model belongs to another strategy: its own, or its (optimizer's) variables'."""
+    if not hasattr(strategy, "extended"):  # Keras's DataParallel (JAX backend)
+        return _outside_distribution(model, strategy)
     own = getattr(model, "_distribute_strategy", None)  # Keras sets it when made in a scope
     if own is not None and own is not strategy:
         return True
@@ -58,6 +60,16 @@ def built_outside(model: Any, strategy: Any) -> bool:
         not strategy.extended.variable_created_in_scope(getattr(v, "value", v))
         for v in _variables(model)
     )
+
+
+def _outside_distribution(model: Any, distribution: Any) -> bool:
+    """JAX: variables made in a `DataParallel` scope span all its devices; others sit on one."""
+    devices = distribution.device_mesh.devices.size
+    for variable in _variables(model):
+        sharding = getattr(getattr(variable, "value", variable), "sharding", None)
+        if sharding is not None and len(sharding.device_set) != devices:
+            return True
+    return False
 
 
 def custom_objects_from(namespace: Mapping[str, Any], model: Any) -> dict[str, Any]:

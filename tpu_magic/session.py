@@ -21,6 +21,7 @@ class Session:
         last_model: the model trained last by `%%tpu_train`, and its name.
         last_fit: that model's last `fit` call (data, validation data, callbacks).
         train_job: the training job the panel started last.
+        backend: the Keras backend, "tf" or "jax" (then `strategy` is Keras's `DataParallel`).
     """
 
     target: str
@@ -34,6 +35,7 @@ class Session:
     last_model_name: str | None = None
     last_fit: Any = None  # a `train.FitCall`: the last fit of a %%tpu_train cell
     train_job: Any = None  # a `job.TrainJob` started by the panel's Train button
+    backend: str = "tf"
 
     @property
     def tpu_rules(self) -> bool:

@@ -21,6 +21,7 @@ import keras
 import numpy as np
 
 from tpu_magic.atomic import atomic_path
+from tpu_magic.backends import on_the_cpu
 from tpu_magic.errors import SyncError
 from tpu_magic.rewrap import custom_objects_from, own_scope
 
@@ -183,11 +184,6 @@ def cpu_copy(model: Any, custom_objects: Mapping[str, Any]) -> Any:
     Raises:
         SyncError: the model cannot be rebuilt from its config.
     """
-    import tensorflow as tf
-
-    if tf.distribute.has_strategy():
-        raise SyncError("%tpu_sync builds the CPU copy outside every strategy: run it in its "
-                        "own cell, not inside %%tpu_train")
     label = getattr(model, "name", type(model).__name__)
     with own_scope(model):
         try:
@@ -198,8 +194,14 @@ def cpu_copy(model: Any, custom_objects: Mapping[str, Any]) -> Any:
     objects = {**custom_objects, type(model).__name__: type(model)}
     serialized = variable_batch(serialized)
     compile_config = serialized.pop("compile_config", None)
+    with on_the_cpu():
+        return _rebuild(serialized, compile_config, objects, label, type(model).__name__)
+
+
+def _rebuild(serialized: Any, compile_config: Any, objects: Mapping[str, Any], label: str,
+             class_name: str) -> Any:
     try:
-        with keras.saving.custom_object_scope(objects), tf.device("/cpu:0"):
+        with keras.saving.custom_object_scope(objects):
             new = keras.saving.deserialize_keras_object(serialized)
             if compile_config:
                 # `compile`, not `compile_from_config`: the latter builds the optimizer, whose
@@ -209,7 +211,7 @@ def cpu_copy(model: Any, custom_objects: Mapping[str, Any]) -> Any:
                 except Exception:  # noqa: BLE001 - predicting needs no compile
                     pass
     except Exception as exc:  # noqa: BLE001
-        raise SyncError(f"model {label!r} ({type(model).__name__}) cannot be rebuilt from its "
+        raise SyncError(f"model {label!r} ({class_name}) cannot be rebuilt from its "
                         f"config for the CPU: {exc}") from None
     return new
 

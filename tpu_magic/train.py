@@ -21,9 +21,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, MutableMapping
 
 import keras
-import tensorflow as tf
 
-from tpu_magic import pipeline
+from tpu_magic import arrays
 from tpu_magic.batching import BatchPlan, plan_batches, scaled_learning_rate
 from tpu_magic.checkpoint import Checkpoint, CheckpointStore, Checkpointing
 from tpu_magic.errors import CheckpointError, RewrapError
@@ -89,6 +88,7 @@ class TrainingCell:
                                   replicas=session.replicas)
         self.last_model: Any = None
         self.stop_event: threading.Event | None = None  # set: stop at the next batch
+        self.data = _input_builder(session.backend)
         self.store: CheckpointStore | None = None
         self._resume_pending = False
 
@@ -188,9 +188,15 @@ class TrainingCell:
         replicas = self.session.replicas
         # A batch size fixed in the Input is what each replica gets (Keras splits per replica).
         static = _static_batch(model)
+        if static is not None and self.session.backend == "jax":
+            # JAX's DataParallel traces the global batch, so a fixed Input batch is the global one.
+            static = plan_batches(static, replicas, what="the batch fixed in the model's Input"
+                                  ).per_replica
         data = call.get("x")
         if _is_dataset(data):
-            batch = pipeline.dataset_batch_size(data)
+            from tpu_magic.pipeline import dataset_batch_size  # a tf.data input: TF is there
+
+            batch = dataset_batch_size(data)
             if batch is None:
                 return BatchPlan(0, replicas, 0)
             return plan_batches(batch, replicas, tpu_rules=self.session.tpu_rules,
@@ -232,7 +238,7 @@ class TrainingCell:
         k = self.options.steps_per_execution or model.steps_per_execution
         retrace = not getattr(model, "_tpu_magic_traced", False)
         if k > 1 and self.session.replicas > 1 and \
-                isinstance(self.session.strategy, tf.distribute.MirroredStrategy):
+                type(self.session.strategy).__name__ == "MirroredStrategy":
             self._note(f"steps_per_execution {k} fails in Keras 3 under MirroredStrategy with "
                        f"{self.session.replicas} replicas (keras-team/keras#19246): running 1 step "
                        "per execution here; on a TPU it applies.")
@@ -276,7 +282,7 @@ class TrainingCell:
             call["epochs"] = self.options.epochs
         self._scale_learning_rate(model, plan)
         self._prepare(model)
-        seed, resume_from = pipeline.new_seed(), None
+        seed, resume_from = arrays.new_seed(), None
         if self._resume_pending:  # the cell's first fit continues from the newest checkpoint
             self._resume_pending = False
             resume_from = self._resume_point(call["epochs"])
@@ -284,16 +290,18 @@ class TrainingCell:
                 seed, call["initial_epoch"] = resume_from.seed, resume_from.epoch
         x, y, weights = call["x"], call["y"], call["sample_weight"]
         batch = plan.global_batch
-        if pipeline.is_array_input(x) and (y is None or pipeline.is_array_input(y)):
+        if arrays.is_array_input(x) and (y is None or arrays.is_array_input(y)):
             split = call.get("validation_split") or 0.0
             if split and call.get("validation_data") is None:
-                cut = int(math.floor(pipeline.num_samples(x) * (1.0 - split)))
+                cut = int(math.floor(arrays.num_samples(x) * (1.0 - split)))
                 head, tail = _split((x, y, weights), cut)
                 (x, y, weights), call["validation_data"] = head, tail
                 call["validation_split"] = 0.0
-            endless = model.steps_per_execution == 1 or call.get("steps_per_epoch") is not None
-            batch = self._padded_batch(plan, model, pipeline.num_samples(x))
-            train = pipeline.train_pipeline(x, y, weights, batch,
+            # tf.data repeats (no stall at each epoch start); a PyDataset (JAX) is asked per epoch.
+            endless = self.session.backend == "tf" and (
+                model.steps_per_execution == 1 or call.get("steps_per_epoch") is not None)
+            batch = self._padded_batch(plan, model, arrays.num_samples(x))
+            train = self.data.train_pipeline(x, y, weights, batch,
                                             shuffle=bool(call.get("shuffle", True)), repeat=endless,
                                             seed=seed, first_epoch=call.get("initial_epoch") or 0)
             call.update(x=train.dataset, y=None, sample_weight=None, batch_size=None, shuffle=False,
@@ -380,13 +388,13 @@ class TrainingCell:
         if data is None or _is_dataset(data):
             return
         vx, vy, vw = (tuple(data) + (None, None))[:3]
-        if not (pipeline.is_array_input(vx) and pipeline.is_array_input(vy)):
+        if not (arrays.is_array_input(vx) and arrays.is_array_input(vy)):
             return
         batch = call.get("validation_batch_size") or plan.global_batch
         vplan = plan_batches(batch, self.session.replicas, what="validation_batch_size",
                              static_per_replica=plan.per_replica if _static_batch(model) else None)
-        evaluation = pipeline.eval_pipeline(
-            vx, vy, vw, self._padded_batch(vplan, model, pipeline.num_samples(vx)))
+        evaluation = self.data.eval_pipeline(
+            vx, vy, vw, self._padded_batch(vplan, model, arrays.num_samples(vx)))
         call.update(validation_data=evaluation.dataset, validation_batch_size=None,
                     validation_steps=call.get("validation_steps") or evaluation.steps)
 
@@ -412,9 +420,9 @@ class TrainingCell:
         plan = self._plan("evaluate", model, call, named)
         self._prepare(model)
         x, y, weights = call["x"], call["y"], call["sample_weight"]
-        if pipeline.is_array_input(x) and pipeline.is_array_input(y):
-            evaluation = pipeline.eval_pipeline(
-                x, y, weights, self._padded_batch(plan, model, pipeline.num_samples(x)))
+        if arrays.is_array_input(x) and arrays.is_array_input(y):
+            evaluation = self.data.eval_pipeline(
+                x, y, weights, self._padded_batch(plan, model, arrays.num_samples(x)))
             call.update(x=evaluation.dataset, y=None, sample_weight=None, batch_size=None,
                         steps=call.get("steps") or evaluation.steps)
         if self.options.progress:
@@ -434,16 +442,27 @@ class TrainingCell:
         x = call["x"]
         if self.options.progress:
             call["verbose"] = 0
-        if not pipeline.is_array_input(x):
+        if not arrays.is_array_input(x):
             out = _ORIGINAL["predict"](model, **call)
         else:
-            samples = pipeline.predict_pipeline(
-                x, self._padded_batch(plan, model, pipeline.num_samples(x)))
+            samples = self.data.predict_pipeline(
+                x, self._padded_batch(plan, model, arrays.num_samples(x)))
             call.update(x=samples.dataset, batch_size=None, steps=samples.steps)
-            out = pipeline.trim(_ORIGINAL["predict"](model, **call), samples.samples)
+            out = arrays.trim(_ORIGINAL["predict"](model, **call), samples.samples)
         rows = len(keras.tree.flatten(out)[0])
         self.report.predictions.append(rows)
         return out
+
+
+def _input_builder(backend: str) -> Any:
+    """The module that turns NumPy inputs into padded batches for this backend."""
+    if backend == "jax":
+        from tpu_magic import pydataset
+
+        return pydataset
+    from tpu_magic import pipeline
+
+    return pipeline
 
 
 def _is_dataset(data: Any) -> bool:

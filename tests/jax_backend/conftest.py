@@ -1,0 +1,47 @@
+"""The JAX backend suite: one process with KERAS_BACKEND=jax and 8 simulated CPU devices.
+
+It runs in its own process (tests/test_jax.py starts it), because a process has one
+Keras backend. TensorFlow is blocked here: Colab's TPU runtimes ship JAX without it,
+so the JAX path must not need it (Keras's own optional uses of TF see it as missing).
+"""
+
+import sys
+
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+from traitlets.config import Config
+
+
+class _NoTensorFlow:
+    def find_spec(self, name, path=None, target=None):
+        if name == "tensorflow" or name.startswith("tensorflow."):
+            raise ImportError("tensorflow is blocked in the JAX suite")
+        return None
+
+
+sys.meta_path.insert(0, _NoTensorFlow())
+
+
+class TestingShell(InteractiveShell):
+    def run_cell(self, *args, **kwargs):
+        result = super().run_cell(*args, **kwargs)
+        result.raise_error()
+        return result
+
+
+@pytest.fixture(scope="session")
+def ip():
+    config = Config()
+    config.HistoryManager.enabled = False
+    shell = TestingShell.instance(config=config)
+    shell.run_line_magic("load_ext", "tpu_magic")
+    shell.connected = shell.run_line_magic("tpu_connect", "--backend jax --simulate 8 --no-panel")
+    shell.run_cell("""
+import numpy as np, keras
+from sklearn.datasets import load_digits
+digits = load_digits()
+x = (digits.data / 16.0).astype("float32")
+y = digits.target.astype("int32")
+images = np.repeat(np.repeat(digits.images[..., None] / 16.0, 2, 1), 2, 2).astype("float32")
+""")
+    return shell

@@ -1,0 +1,128 @@
+"""The magics on Keras's JAX backend: `DataParallel` over 8 simulated devices."""
+
+import sys
+
+import numpy as np
+import pytest
+from IPython.core.error import UsageError
+
+import tpu_magic
+
+CNN = """
+keras.utils.set_random_seed(0)
+cnn = keras.Sequential([
+    keras.Input((16, 16, 1)),
+    keras.layers.BatchNormalization(),
+    keras.layers.Conv2D(16, 3, padding="same", activation="relu"),
+    keras.layers.MaxPooling2D(),
+    keras.layers.Flatten(),
+    keras.layers.Dropout(0.25),
+    keras.layers.Dense(10, activation="softmax"),
+])
+cnn.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
+"""
+LSTM = """
+keras.utils.set_random_seed(0)
+words = (x[:, :40] * 16).astype("int32")
+inputs = keras.Input((40,), dtype="int32")
+hidden = keras.layers.LSTM(16)(keras.layers.Embedding(17, 8)(inputs))
+lstm = keras.Model(inputs, keras.layers.Dense(10, activation="softmax")(hidden))
+lstm.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
+"""
+
+
+def train(ip, cell, line="--no-progress"):
+    return ip.run_cell_magic("tpu_train", line, cell)
+
+
+def test_connect_uses_data_parallel_over_8_devices_and_no_tensorflow(ip):
+    result = ip.connected
+    assert (result.backend, result.strategy_name, result.replicas) == ("jax", "DataParallel", 8)
+    assert tpu_magic.session().backend == "jax"
+    assert "tensorflow" not in sys.modules
+    assert "Keras on JAX" in result.summary()
+
+
+def test_the_device_check_measures_jax(ip):
+    check = ip.run_line_magic("tpu_connect", "--backend jax --simulate 8 --check --no-panel").check
+    assert check.device_count == 8 and check.measured_tflops > 0
+    assert "jax" in check.versions
+
+
+def test_the_seed_cnn_trains_with_a_partial_last_batch(ip):
+    report = train(ip, CNN + "cnn.fit(images[:1000], y[:1000], batch_size=128, epochs=2, "
+                             "validation_data=(images[1000:1013], y[1000:1013]))")
+    assert report.strategy == "DataParallel" and report.epochs == 2
+    assert report.global_batch == 128 and report.per_replica == 16
+    assert np.isfinite(report.metrics["loss"]) and "val_loss" in report.metrics
+
+
+def test_six_sample_predict_and_thirteen_sample_evaluate_equal_the_cpu_copy(ip):
+    train(ip, CNN + "cnn.fit(images[:256], y[:256], batch_size=64, epochs=1)")
+    report = train(ip, "p6 = cnn.predict(images[:6])\n"
+                       "e13 = cnn.evaluate(images[:13], y[:13], return_dict=True)")
+    assert report.predictions == [6]
+    sync = ip.run_line_magic("tpu_sync", "cnn")
+    assert sync.max_abs_diff < 1e-5
+    ns = ip.user_ns
+    cpu = ns["cnn_cpu"]
+    np.testing.assert_allclose(ns["p6"], cpu.predict(ns["images"][:6], verbose=0), atol=1e-5)
+    expected = cpu.evaluate(ns["images"][:13], ns["y"][:13], return_dict=True, verbose=0)
+    assert ns["e13"]["loss"] == pytest.approx(expected["loss"], abs=1e-5)
+    assert ns["e13"]["accuracy"] == pytest.approx(expected["accuracy"])
+
+
+def test_an_lstm_trains_and_its_cpu_copy_predicts_any_count(ip):
+    report = train(ip, LSTM + "lstm.fit(words[:500], y[:500], batch_size=64, epochs=1)")
+    assert report.epochs == 1 and report.steps == 8
+    sync = ip.run_line_magic("tpu_sync", "lstm --as lstm_small")
+    assert sync.parameters == ip.user_ns["lstm"].count_params()
+    assert ip.user_ns["lstm_small"].predict(ip.user_ns["words"][:3], verbose=0).shape == (3, 10)
+
+
+def test_a_bad_batch_is_a_usage_error_before_training(ip):
+    train(ip, CNN)
+    before = [w.copy() for w in ip.user_ns["cnn"].get_weights()]
+    with pytest.raises(UsageError, match="batch_size 100 is not divisible by 8 replicas: use 96 or 104"):
+        train(ip, "cnn.fit(images[:200], y[:200], batch_size=100)")
+    after = ip.user_ns["cnn"].get_weights()
+    assert all(np.array_equal(a, b) for a, b in zip(before, after))
+
+
+def test_a_fixed_input_batch_is_the_global_batch(ip):
+    report = train(ip, """
+static = keras.Sequential([keras.Input(batch_shape=(64, 64)), keras.layers.Dense(10, activation="softmax")])
+static.compile("sgd", "sparse_categorical_crossentropy")
+static.fit(x[:200], y[:200], epochs=1)
+ps = static.predict(x[:6])
+""")
+    assert report.global_batch == 64 and report.per_replica == 8
+    assert ip.user_ns["ps"].shape == (6, 10)
+
+
+def test_a_model_built_outside_the_cell_is_rebuilt_for_the_devices(ip, capsys):
+    ip.run_cell("outside = keras.Sequential([keras.Input((64,)), keras.layers.Dense(10)])\n"
+                "outside.compile('sgd', keras.losses.SparseCategoricalCrossentropy(from_logits=True))")
+    old = ip.user_ns["outside"]
+    report = train(ip, "outside.fit(x[:128], y[:128], batch_size=64)")
+    assert report.rewrapped == ["outside"] and ip.user_ns["outside"] is not old
+
+
+def test_resume_from_a_checkpoint(ip, tmp_path):
+    fit = "cnn.fit(images[:256], y[:256], batch_size=64, epochs={}, verbose=0)"
+    train(ip, CNN + fit.format(2), f"--no-progress --checkpoint {tmp_path}")
+    report = train(ip, CNN + fit.format(3), f"--no-progress --checkpoint {tmp_path} --resume")
+    assert report.resumed_from.endswith("ckpt-000002-epoch-0002.h5")
+    assert report.history.epoch == [2]
+
+
+def test_the_backend_cannot_change_in_a_running_process(ip):
+    with pytest.raises(UsageError, match="keras is already imported with the jax backend.*Restart"):
+        ip.run_line_magic("tpu_connect", "--backend tf --no-panel")
+
+
+def test_another_device_split_needs_a_restart(ip):
+    with pytest.raises(UsageError, match="--simulate 4 needs 4 CPU devices, but JAX already started "
+                                         "with 8"):
+        ip.run_line_magic("tpu_connect", "--backend jax --simulate 4 --no-panel")
+    assert tpu_magic.session().replicas == 8

@@ -1,0 +1,116 @@
+"""Which Keras backend runs the training (`%tpu_connect --backend tf|jax|auto`).
+
+Keras reads `KERAS_BACKEND` once, when it is first imported, and the backend cannot
+change in a running process. So the choice is made before keras is imported, and a
+request that contradicts an already imported keras is refused with the fix (restart).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from dataclasses import dataclass
+from typing import Iterator, Mapping
+
+from tpu_magic.errors import ConnectError
+
+BACKENDS = ("tf", "jax")
+KERAS_NAME = {"tf": "tensorflow", "jax": "jax"}
+_FROM_KERAS = {"tensorflow": "tf", "jax": "jax"}
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    """The backend to use ("tf" or "jax") and why."""
+
+    backend: str
+    reason: str
+
+
+def imported_keras_backend() -> str | None:
+    """The backend of an already imported keras ("tensorflow", "jax", ...), else None."""
+    keras = sys.modules.get("keras")
+    if keras is None:
+        return None
+    try:
+        return keras.backend.backend()
+    except AttributeError:  # keras is being imported right now
+        return None
+
+
+def choose_backend(requested: str, keras_backend: str | None, env: Mapping[str, str],
+                   tpu_vm: bool, installed: Mapping[str, str]) -> BackendChoice:
+    """Decides the backend without importing anything.
+
+    Args:
+        requested: "tf", "jax" or "auto" (as typed after --backend).
+        keras_backend: the backend of an already imported keras, or None.
+        env: the environment (`KERAS_BACKEND`).
+        tpu_vm: whether this machine shows TPU VM signs.
+        installed: installed package versions by distribution name.
+
+    Raises:
+        ConnectError: an unknown backend, or one that contradicts the imported keras.
+    """
+    wanted = requested.strip().lower()
+    wanted = {"tensorflow": "tf"}.get(wanted, wanted)
+    if wanted not in BACKENDS + ("auto",):
+        raise ConnectError(f"--backend {requested!r}: use tf, jax or auto")
+    imported = _FROM_KERAS.get(keras_backend) if keras_backend else None
+    if keras_backend and imported is None:
+        raise ConnectError(
+            f"keras is already imported with the {keras_backend} backend; tpu_magic trains with "
+            "tensorflow or jax. Restart the runtime, then run `%tpu_connect` before importing keras.")
+    if wanted == "auto":
+        if imported:
+            return BackendChoice(imported, f"keras is already imported with the {keras_backend} "
+                                           "backend")
+        from_env = _FROM_KERAS.get(env.get("KERAS_BACKEND", "").strip().lower())
+        if from_env:
+            return BackendChoice(from_env, f"KERAS_BACKEND={env['KERAS_BACKEND']}")
+        if tpu_vm and "tensorflow-tpu" not in installed and "jax" in installed:
+            return BackendChoice("jax", "a TPU VM where TensorFlow has no TPU runtime "
+                                        "(tensorflow-tpu is not installed) and JAX is")
+        return BackendChoice("tf", "the default")
+    if imported and imported != wanted:
+        raise ConnectError(
+            f"keras is already imported with the {keras_backend} backend, and a running process "
+            f"cannot switch it to {KERAS_NAME[wanted]}. Restart the runtime, then run "
+            f"`%tpu_connect --backend {wanted}` before importing keras.")
+    return BackendChoice(wanted, f"--backend {wanted}")
+
+
+def select(choice: BackendChoice) -> None:
+    """Sets `KERAS_BACKEND` for a keras not imported yet (an imported one already agrees)."""
+    if imported_keras_backend() is None:
+        os.environ["KERAS_BACKEND"] = KERAS_NAME[choice.backend]
+
+
+@contextlib.contextmanager
+def on_the_cpu() -> Iterator[None]:
+    """Outside every distribution, on the CPU: where `%tpu_sync` builds its copy.
+
+    Raises:
+        ConnectError: (TensorFlow) called inside a strategy's scope.
+    """
+    import keras
+
+    if keras.backend.backend() == "jax":
+        import jax
+
+        distribution = keras.distribution.distribution()
+        keras.distribution.set_distribution(None)
+        try:
+            with jax.default_device(jax.devices("cpu")[0]):
+                yield
+        finally:
+            keras.distribution.set_distribution(distribution)
+        return
+    import tensorflow as tf
+
+    if tf.distribute.has_strategy():
+        raise ConnectError("%tpu_sync builds the CPU copy outside every strategy: run it in its "
+                           "own cell, not inside %%tpu_train")
+    with tf.device("/cpu:0"):
+        yield

@@ -1,0 +1,121 @@
+"""The JAX side of `%tpu_connect --backend jax`: devices, Keras's `DataParallel`, `--check`.
+
+Keras 3 reaches TPUs through JAX with `keras.distribution.DataParallel`: the global
+batch is split over the devices, the variables are replicated. `--simulate N` splits
+the host CPU into N XLA devices with `--xla_force_host_platform_device_count`, which
+JAX reads once, when it first starts.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from typing import Any
+
+from tpu_magic.errors import ConnectError, MissingDependencyError
+from tpu_magic.session import Session
+from tpu_magic.target import Target
+
+JAX_FIX = ("JAX is not installed: `pip install \"tpu_magic[jax]\"` (CPU), `pip install "
+           "\"jax[tpu]\"` on a TPU VM or `pip install \"jax[cuda12]\"` for GPUs, then restart "
+           "the runtime.")
+_DEVICE_COUNT = re.compile(r"--xla_force_host_platform_device_count=\d+")
+
+
+def require_jax() -> Any:
+    try:
+        import jax
+    except ImportError:
+        raise MissingDependencyError(JAX_FIX) from None
+    return jax
+
+
+def host_device_flags(flags: str, n: int) -> str:
+    """XLA_FLAGS with the host platform split into `n` devices (any earlier count replaced)."""
+    kept = _DEVICE_COUNT.sub("", flags).split()
+    return " ".join(kept + [f"--xla_force_host_platform_device_count={n}"])
+
+
+def jax_session(chosen: Target, simulate: int | None, explicit_gpu: bool) -> tuple[Session, Target]:
+    """Connects through JAX and sets Keras's global distribution.
+
+    Raises:
+        ConnectError: no such device here, or JAX already started with another CPU split.
+        MissingDependencyError: JAX is not installed.
+    """
+    if simulate is not None:
+        os.environ["XLA_FLAGS"] = host_device_flags(os.environ.get("XLA_FLAGS", ""), simulate)
+    jax = require_jax()
+    import keras
+
+    if chosen.kind == "tpu" and chosen.address != "local":
+        raise ConnectError(
+            f"JAX reaches TPUs on TPU VMs (`%tpu_connect local --backend jax`), not a TPU node "
+            f"at {chosen.address}: use `--backend tf` for that.")
+    if simulate is not None:
+        devices = jax.devices("cpu")
+        if len(devices) != simulate:
+            raise ConnectError(
+                f"--simulate {simulate} needs {simulate} CPU devices, but JAX already started with "
+                f"{len(devices)}. Restart the runtime and run `%tpu_connect --backend jax "
+                f"--simulate {simulate}` before anything uses JAX.")
+        kind, target = "cpu", f"simulate:{simulate}"
+    else:
+        kind = chosen.kind
+        try:
+            devices = jax.devices(kind)
+        except RuntimeError as exc:
+            if kind == "gpu" and not explicit_gpu:  # auto saw GPU device files JAX cannot use
+                chosen = Target("cpu", None, f"{chosen.reason}, but JAX has no GPU backend "
+                                             "(`pip install \"jax[cuda12]\"`)", chosen.notes)
+                kind, devices = "cpu", jax.devices("cpu")
+            else:
+                raise ConnectError(f"JAX finds no {kind.upper()} here ({exc}). "
+                                   + ("In Colab choose Runtime > Change runtime type > a TPU."
+                                      if kind == "tpu" else JAX_FIX)) from None
+        if kind == "cpu":
+            devices = devices[:1]
+        target = chosen.label
+    # In force only inside %%tpu_train cells (its `scope()`), like a tf.distribute strategy:
+    # a global distribution would also split every batch of the user's other models.
+    distribution = keras.distribution.DataParallel(devices=list(devices))
+    return Session(target=target, kind=kind, replicas=len(devices), strategy=distribution,
+                   simulated=simulate is not None, devices=tuple(str(d) for d in devices),
+                   backend="jax"), chosen
+
+
+def device_memory(device: Any) -> str | None:
+    """Memory in use on one device, where the runtime reports it (TPUs and GPUs do)."""
+    try:
+        stats = device.memory_stats()
+    except Exception:  # noqa: BLE001 - CPU devices raise or return None
+        return None
+    if not stats or "bytes_in_use" not in stats:
+        return None
+    limit = stats.get("bytes_limit")
+    return (f"{stats['bytes_in_use'] / 2**30:.2f} GiB in use"
+            + (f" of {limit / 2**30:.2f} GiB" if limit else "")
+            + (f", peak {stats['peak_bytes_in_use'] / 2**30:.2f} GiB"
+               if "peak_bytes_in_use" in stats else ""))
+
+
+def measure_matmul(device: Any, dtype: str, n: int, min_seconds: float = 0.3) -> float:
+    """TFLOP/s of repeated n×n matmuls on one JAX device, after a compiled warm-up."""
+    jax = require_jax()
+    import jax.numpy as jnp
+
+    a = jax.device_put(jnp.asarray(jax.random.uniform(jax.random.PRNGKey(0), (n, n)), dtype),
+                       device)
+    matmul = jax.jit(lambda u, v: u @ v)
+    matmul(a, a).block_until_ready()
+    runs, start = 0, time.perf_counter()
+    while True:
+        c = matmul(a, a)
+        runs += 1
+        if runs % 4 == 0:
+            c.block_until_ready()
+            elapsed = time.perf_counter() - start
+            if elapsed >= min_seconds:
+                break
+    return 2.0 * n ** 3 * runs / elapsed / 1e12
