@@ -13,8 +13,7 @@ import threading
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest
-from IPython.core.interactiveshell import InteractiveShell
-from traitlets.config import Config
+from shell import testing_shell
 
 from tpu_magic import connect as connect_module
 from tpu_magic.session import set_session
@@ -51,22 +50,9 @@ def pytest_unconfigure(config):
     watchdog.start()
 
 
-class TestingShell(InteractiveShell):
-    """A real shell whose `run_cell` re-raises the cell's error (as JupySQL's does)."""
-
-    def run_cell(self, *args, **kwargs):
-        result = super().run_cell(*args, **kwargs)
-        result.raise_error()
-        return result
-
-
 @pytest.fixture(scope="session")
 def ip():
-    config = Config()
-    config.HistoryManager.enabled = False
-    shell = TestingShell.instance(config=config)
-    shell.run_line_magic("load_ext", "tpu_magic")
-    yield shell
+    yield testing_shell()
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import importlib.metadata
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from tpu_magic.session import Session
 
@@ -102,6 +102,20 @@ def nominal_peak(kind: str, device_name: str, env: Mapping[str, str]) -> float |
     return None
 
 
+def runs_per_second(run: Callable[[], Any], finish: Callable[[Any], Any],
+                    min_seconds: float = 0.3) -> float:
+    """Calls `run` (asynchronous work) for at least `min_seconds`, waiting for every 4th result."""
+    runs, start = 0, time.perf_counter()
+    while True:
+        result = run()
+        runs += 1
+        if runs % 4 == 0:
+            finish(result)
+            elapsed = time.perf_counter() - start
+            if elapsed >= min_seconds:
+                return runs / elapsed
+
+
 def measure_matmul(tf: Any, device: str, dtype: str, n: int, min_seconds: float = 0.3) -> float:
     """TFLOP/s of repeated n×n matmuls on one device, after a warm-up run."""
     with tf.device(device):
@@ -109,16 +123,8 @@ def measure_matmul(tf: Any, device: str, dtype: str, n: int, min_seconds: float 
         a = tf.cast(a, dtype)
         b = tf.identity(a)
         tf.linalg.matmul(a, b).numpy()  # warm-up: kernel selection, transfers
-        runs, start = 0, time.perf_counter()
-        while True:
-            c = tf.linalg.matmul(a, b)
-            runs += 1
-            if runs % 4 == 0:
-                c.numpy()
-                elapsed = time.perf_counter() - start
-                if elapsed >= min_seconds:
-                    break
-    return 2.0 * n ** 3 * runs / elapsed / 1e12
+        rate = runs_per_second(lambda: tf.linalg.matmul(a, b), lambda c: c.numpy(), min_seconds)
+    return 2.0 * n ** 3 * rate / 1e12
 
 
 def device_memory(tf: Any, kind: str, device: str) -> str | None:

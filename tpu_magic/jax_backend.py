@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import os
 import re
-import time
 from typing import Any
 
+from tpu_magic.check import runs_per_second
 from tpu_magic.errors import ConnectError, MissingDependencyError
 from tpu_magic.session import Session
 from tpu_magic.target import Target
@@ -108,14 +108,6 @@ def measure_matmul(device: Any, dtype: str, n: int, min_seconds: float = 0.3) ->
     a = jax.device_put(jnp.asarray(jax.random.uniform(jax.random.PRNGKey(0), (n, n)), dtype),
                        device)
     matmul = jax.jit(lambda u, v: u @ v)
-    matmul(a, a).block_until_ready()
-    runs, start = 0, time.perf_counter()
-    while True:
-        c = matmul(a, a)
-        runs += 1
-        if runs % 4 == 0:
-            c.block_until_ready()
-            elapsed = time.perf_counter() - start
-            if elapsed >= min_seconds:
-                break
-    return 2.0 * n ** 3 * runs / elapsed / 1e12
+    matmul(a, a).block_until_ready()  # warm-up: compiling
+    rate = runs_per_second(lambda: matmul(a, a), lambda c: c.block_until_ready(), min_seconds)
+    return 2.0 * n ** 3 * rate / 1e12

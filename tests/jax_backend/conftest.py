@@ -6,10 +6,12 @@ so the JAX path must not need it (Keras's own optional uses of TF see it as miss
 """
 
 import sys
+from pathlib import Path
 
 import pytest
-from IPython.core.interactiveshell import InteractiveShell
-from traitlets.config import Config
+
+sys.path.insert(0, str(Path(__file__).parent.parent))  # tests/: the shared shell
+from shell import testing_shell  # noqa: E402
 
 
 class _NoTensorFlow:
@@ -22,19 +24,9 @@ class _NoTensorFlow:
 sys.meta_path.insert(0, _NoTensorFlow())
 
 
-class TestingShell(InteractiveShell):
-    def run_cell(self, *args, **kwargs):
-        result = super().run_cell(*args, **kwargs)
-        result.raise_error()
-        return result
-
-
 @pytest.fixture(scope="session")
 def ip():
-    config = Config()
-    config.HistoryManager.enabled = False
-    shell = TestingShell.instance(config=config)
-    shell.run_line_magic("load_ext", "tpu_magic")
+    shell = testing_shell()
     shell.connected = shell.run_line_magic("tpu_connect", "--backend jax --simulate 8 --no-panel")
     shell.run_cell("""
 import numpy as np, keras
