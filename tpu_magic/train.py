@@ -301,9 +301,9 @@ class TrainingCell:
             endless = self.session.backend == "tf" and (
                 model.steps_per_execution == 1 or call.get("steps_per_epoch") is not None)
             batch = self._padded_batch(plan, model, arrays.num_samples(x))
-            train = self.data.train_pipeline(x, y, weights, batch,
-                                            shuffle=bool(call.get("shuffle", True)), repeat=endless,
-                                            seed=seed, first_epoch=call.get("initial_epoch") or 0)
+            train = self.data.train_pipeline(
+                x, y, weights, batch, shuffle=bool(call.get("shuffle", True)), repeat=endless,
+                seed=seed, first_epoch=call.get("initial_epoch") or 0)
             call.update(x=train.dataset, y=None, sample_weight=None, batch_size=None, shuffle=False,
                         steps_per_epoch=call.get("steps_per_epoch") or (train.steps if endless else None))
         self._validation(model, call, named, plan)

@@ -126,3 +126,19 @@ def test_another_device_split_needs_a_restart(ip):
                                          "with 8"):
         ip.run_line_magic("tpu_connect", "--backend jax --simulate 4 --no-panel")
     assert tpu_magic.session().replicas == 8
+
+
+def test_ctrl_c_stops_at_a_batch_boundary_with_the_bar_on(ip, capsys):
+    ip.run_cell("""
+import os, signal
+class PressCtrlC(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+""")
+    report = train(ip, CNN + "cnn.fit(images[:1024], y[:1024], batch_size=64, epochs=20, "
+                             "callbacks=[PressCtrlC()])", "")
+    assert report.interrupted and report.epochs <= 1 and report.steps >= 3
+    assert "epoch 1/20" in capsys.readouterr().err
+    again = train(ip, "cnn.fit(images[:64], y[:64], batch_size=64)")
+    assert again.epochs == 1 and not again.interrupted
