@@ -69,11 +69,12 @@ class PaddedBatches(keras.utils.PyDataset):
 
 
 def train_pipeline(x: Any, y: Any, sample_weight: Any, batch: int, shuffle: bool,
-                   repeat: bool = True, seed: int | None = None, first_epoch: int = 0) -> Pipeline:
+                   repeat: bool = True, seed: int | None = None, first_epoch: int = 0,
+                   strategy: Any = None) -> Pipeline:
     """Shuffled padded batches for `fit`; a real sample in a batch of `k` weighs `batch / k`.
 
-    `repeat` is accepted for the same signature as `pipeline.train_pipeline`; Keras asks a
-    PyDataset for each epoch's batches itself.
+    `repeat` and `strategy` are accepted for the same signature as `pipeline.train_pipeline`:
+    Keras asks a PyDataset for each epoch's batches itself, and splits them over the devices.
     """
     weighted = sample_weight is not None or steps_for(num_samples(x), batch) * batch != num_samples(x)
     data = PaddedBatches((x, y, sample_weight), batch, shuffle=shuffle, seed=seed or 0,
@@ -82,7 +83,7 @@ def train_pipeline(x: Any, y: Any, sample_weight: Any, batch: int, shuffle: bool
     return Pipeline(data, data.steps, data.samples, data.pad)
 
 
-def eval_pipeline(x: Any, y: Any, sample_weight: Any, batch: int) -> Pipeline:
+def eval_pipeline(x: Any, y: Any, sample_weight: Any, batch: int, strategy: Any = None) -> Pipeline:
     """One ordered pass for `evaluate`; padding weighs 0, real samples `padded / real`."""
     samples = num_samples(x)
     steps = steps_for(samples, batch)
@@ -93,7 +94,7 @@ def eval_pipeline(x: Any, y: Any, sample_weight: Any, batch: int) -> Pipeline:
     return Pipeline(data, data.steps, data.samples, data.pad)
 
 
-def predict_pipeline(x: Any, batch: int) -> Pipeline:
+def predict_pipeline(x: Any, batch: int, strategy: Any = None) -> Pipeline:
     """One ordered pass of inputs only; padding repeats sample 0 and is trimmed afterwards."""
     data = PaddedBatches((x,), batch)
     return Pipeline(data, data.steps, data.samples, data.pad)

@@ -303,7 +303,8 @@ class TrainingCell:
             batch = self._padded_batch(plan, model, arrays.num_samples(x))
             train = self.data.train_pipeline(
                 x, y, weights, batch, shuffle=bool(call.get("shuffle", True)), repeat=endless,
-                seed=seed, first_epoch=call.get("initial_epoch") or 0)
+                seed=seed, first_epoch=call.get("initial_epoch") or 0,
+                strategy=self.session.strategy)
             call.update(x=train.dataset, y=None, sample_weight=None, batch_size=None, shuffle=False,
                         steps_per_epoch=call.get("steps_per_epoch") or (train.steps if endless else None))
         self._validation(model, call, named, plan)
@@ -394,7 +395,8 @@ class TrainingCell:
         vplan = plan_batches(batch, self.session.replicas, what="validation_batch_size",
                              static_per_replica=plan.per_replica if _static_batch(model) else None)
         evaluation = self.data.eval_pipeline(
-            vx, vy, vw, self._padded_batch(vplan, model, arrays.num_samples(vx)))
+            vx, vy, vw, self._padded_batch(vplan, model, arrays.num_samples(vx)),
+            strategy=self.session.strategy)
         call.update(validation_data=evaluation.dataset, validation_batch_size=None,
                     validation_steps=call.get("validation_steps") or evaluation.steps)
 
@@ -422,7 +424,8 @@ class TrainingCell:
         x, y, weights = call["x"], call["y"], call["sample_weight"]
         if arrays.is_array_input(x) and arrays.is_array_input(y):
             evaluation = self.data.eval_pipeline(
-                x, y, weights, self._padded_batch(plan, model, arrays.num_samples(x)))
+                x, y, weights, self._padded_batch(plan, model, arrays.num_samples(x)),
+                strategy=self.session.strategy)
             call.update(x=evaluation.dataset, y=None, sample_weight=None, batch_size=None,
                         steps=call.get("steps") or evaluation.steps)
         if self.options.progress:
@@ -446,7 +449,8 @@ class TrainingCell:
             out = _ORIGINAL["predict"](model, **call)
         else:
             samples = self.data.predict_pipeline(
-                x, self._padded_batch(plan, model, arrays.num_samples(x)))
+                x, self._padded_batch(plan, model, arrays.num_samples(x)),
+                strategy=self.session.strategy)
             call.update(x=samples.dataset, batch_size=None, steps=samples.steps)
             out = arrays.trim(_ORIGINAL["predict"](model, **call), samples.samples)
         rows = len(keras.tree.flatten(out)[0])
