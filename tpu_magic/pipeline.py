@@ -59,11 +59,11 @@ def _index_batches(samples: int, batch: int, shuffle: bool, repeat: bool, seed: 
 def _loaded(indices: tf.data.Dataset, load: Callable[[tf.Tensor], Any]) -> tf.data.Dataset:
     """Batches of indices → batches of data, a few batches ahead, with tf.data's autotuning off.
 
-    Measured: with autotuning on, the end of every `fit` under MirroredStrategy waited
-    seconds to a minute (57 s of an 83 s cell once) while the distributed iterator was
-    freed: its autotune thread sleeps out its current period first, and the period grows
-    the longer the iterator lives. CI once hung there for good. Fixed parallelism and a
-    prefetch of two batches keep the device fed without that thread.
+    An iterator with autotuning runs a thread that sleeps in ever longer periods, and
+    freeing the iterator waits for it: that is what made Keras's MultiDeviceIterator
+    slow to free (see `_distributed`). Turning it off alone did not help there (those
+    were Keras's per-device datasets); for our own per-replica iterators it keeps the
+    thread away. Fixed parallelism and a prefetch of two batches keep the device fed.
     """
     options = tf.data.Options()
     options.autotune.enabled = False
