@@ -144,8 +144,25 @@ def device_memory(tf: Any, kind: str, device: str) -> str | None:
 def run_check(s: Session, env: Mapping[str, str] | None = None) -> DeviceCheck:
     """Lists the devices and library versions and measures matmul throughput."""
     env = os.environ if env is None else env
-    if s.backend == "jax":
-        return _run_check_jax(s, env)
+    probe = _jax_device if s.backend == "jax" else _tf_device
+    device_type, memory, measure = probe(s, env)
+    dtype, n = ("bfloat16", 4096) if s.kind in ("tpu", "gpu") else ("float32", 1024)
+    versions = installed_versions()
+    return DeviceCheck(
+        kind=s.kind, device_type=device_type, device_count=max(len(s.devices), 1),
+        replicas=s.replicas, memory=memory, versions=versions,
+        warnings=tuple(version_warnings(versions)), dtype=dtype, matmul_size=n,
+        measured_tflops=measure(dtype, n),
+        peak_tflops=nominal_peak(s.kind, device_type, env),
+    )
+
+
+# A backend's view of the session's first device: its type, its memory, and a matmul
+# measurement `measure(dtype, n) -> TFLOP/s`.
+_Device = tuple[str, "str | None", Callable[[str, int], float]]
+
+
+def _tf_device(s: Session, env: Mapping[str, str]) -> _Device:
     import tensorflow as tf  # the session exists, so TensorFlow is importable
 
     device = s.devices[0] if s.devices else "/cpu:0"
@@ -155,18 +172,11 @@ def run_check(s: Session, env: Mapping[str, str] | None = None) -> DeviceCheck:
         device_type = details.get("device_name", "GPU")
     elif s.kind == "tpu":
         device_type = f"TPU {env.get('TPU_ACCELERATOR_TYPE', '')}".strip()
-    dtype, n = ("bfloat16", 4096) if s.kind in ("tpu", "gpu") else ("float32", 1024)
-    versions = installed_versions()
-    return DeviceCheck(
-        kind=s.kind, device_type=device_type, device_count=max(len(s.devices), 1),
-        replicas=s.replicas, memory=device_memory(tf, s.kind, device), versions=versions,
-        warnings=tuple(version_warnings(versions)), dtype=dtype, matmul_size=n,
-        measured_tflops=measure_matmul(tf, device, dtype, n),
-        peak_tflops=nominal_peak(s.kind, device_type, env),
-    )
+    return (device_type, device_memory(tf, s.kind, device),
+            lambda dtype, n: measure_matmul(tf, device, dtype, n))
 
 
-def _run_check_jax(s: Session, env: Mapping[str, str]) -> DeviceCheck:
+def _jax_device(s: Session, env: Mapping[str, str]) -> _Device:
     import jax
 
     from tpu_magic import jax_backend
@@ -175,14 +185,6 @@ def _run_check_jax(s: Session, env: Mapping[str, str]) -> DeviceCheck:
     device_type = ("CPU (simulated TPU core)" if s.simulated
                    else f"TPU {env.get('TPU_ACCELERATOR_TYPE', '')}".strip() if s.kind == "tpu"
                    else getattr(device, "device_kind", s.kind.upper()))
-    dtype, n = ("bfloat16", 4096) if s.kind in ("tpu", "gpu") else ("float32", 1024)
-    versions = installed_versions()
     memory = jax_backend.device_memory(device) or (
         device_memory(None, "cpu", "") if s.kind == "cpu" else None)
-    return DeviceCheck(
-        kind=s.kind, device_type=device_type, device_count=max(len(s.devices), 1),
-        replicas=s.replicas, memory=memory, versions=versions,
-        warnings=tuple(version_warnings(versions)), dtype=dtype, matmul_size=n,
-        measured_tflops=jax_backend.measure_matmul(device, dtype, n),
-        peak_tflops=nominal_peak(s.kind, device_type, env),
-    )
+    return device_type, memory, lambda dtype, n: jax_backend.measure_matmul(device, dtype, n)
