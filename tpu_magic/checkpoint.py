@@ -18,7 +18,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import h5py
 import keras
@@ -120,14 +120,17 @@ def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
         raise CheckpointError(f"{path.name} is unreadable ({type(exc).__name__}: {exc})") from exc
 
 
-def mismatch(saved: Variables, current: Variables, what: str) -> str | None:
-    """How two variable lists differ, in words (None: same count and shapes)."""
-    if len(saved.arrays) != len(current.arrays):
-        return (f"the checkpoint has {len(saved.arrays)} {what}, the model has "
-                f"{len(current.arrays)}")
-    for i, (old, new) in enumerate(zip(saved.shapes, current.shapes)):
+def mismatch(saved: Variables, current: Sequence[Any], what: str) -> str | None:
+    """How saved arrays and the model's variables differ, in words (None: same count and shapes).
+
+    Only the variables' shapes are read, not their values.
+    """
+    if len(saved.arrays) != len(current):
+        return f"the checkpoint has {len(saved.arrays)} {what}, the model has {len(current)}"
+    for i, (old, variable) in enumerate(zip(saved.shapes, current)):
+        new = tuple(variable.shape)
         if old != new:
-            return (f"{what} {i} ({current.names[i]}) has shape {new} in the model but "
+            return (f"{what} {i} ({variable.path}) has shape {new} in the model but "
                     f"{old} in the checkpoint ({saved.names[i]})")
     return None
 
@@ -147,14 +150,15 @@ def restore(model: Any, checkpoint: Checkpoint, strategy: Any) -> None:
     with strategy.scope():
         if optimizer is not None and not optimizer.built:
             optimizer.build(model.trainable_variables)
-        weights, slots, optimizer_class = state_of(model)
-        problem = mismatch(checkpoint.weights, weights, "weights")
+        problem = mismatch(checkpoint.weights, model.weights, "weights")
         if problem is None and checkpoint.optimizer.arrays:
+            optimizer_class = type(optimizer).__name__ if optimizer is not None else ""
             if checkpoint.optimizer_class != optimizer_class:
                 problem = (f"the checkpoint's optimizer is {checkpoint.optimizer_class}, the "
                            f"model's is {optimizer_class}")
             else:
-                problem = mismatch(checkpoint.optimizer, slots, "optimizer variables")
+                problem = mismatch(checkpoint.optimizer, optimizer.variables,
+                                   "optimizer variables")
         if problem:
             raise CheckpointError(
                 f"cannot resume from {where}: it was written for another model ({problem}). "
