@@ -15,7 +15,7 @@ from typing import Any, Callable
 import keras
 import numpy as np
 
-from tpu_magic.arrays import Pipeline, num_samples
+from tpu_magic.arrays import Pipeline, new_seed, num_samples
 from tpu_magic.batching import steps_for
 
 
@@ -27,7 +27,8 @@ class PaddedBatches(keras.utils.PyDataset):
         batch: the global batch.
         shuffle: a new order each epoch (from `seed` and the epoch number).
         first_epoch: the epoch `fit` starts at.
-        weigh: real-sample mask of a batch → the weights (None: no weights added).
+        weigh: real-sample mask of a batch → the weights; used only where weights are needed
+            (padding, or the user's own sample weights), as in `pipeline`.
     """
 
     def __init__(self, arrays: tuple, batch: int, shuffle: bool = False, seed: int = 0,
@@ -37,7 +38,8 @@ class PaddedBatches(keras.utils.PyDataset):
         self.samples = num_samples(arrays[0])
         self.steps = steps_for(self.samples, batch)
         self.pad = self.steps * batch - self.samples
-        self.weigh = weigh
+        weighted = self.pad > 0 or (len(arrays) > 2 and arrays[2] is not None)
+        self.weigh = weigh if weighted else None
         self.epoch = first_epoch
         self.order = self._order()
 
@@ -76,21 +78,17 @@ def train_pipeline(x: Any, y: Any, sample_weight: Any, batch: int, shuffle: bool
     `repeat` and `strategy` are accepted for the same signature as `pipeline.train_pipeline`:
     Keras asks a PyDataset for each epoch's batches itself, and splits them over the devices.
     """
-    weighted = sample_weight is not None or steps_for(num_samples(x), batch) * batch != num_samples(x)
-    data = PaddedBatches((x, y, sample_weight), batch, shuffle=shuffle, seed=seed or 0,
-                         first_epoch=first_epoch,
-                         weigh=(lambda mask: mask * (batch / max(mask.sum(), 1.0))) if weighted else None)
+    data = PaddedBatches((x, y, sample_weight), batch, shuffle=shuffle,
+                         seed=new_seed() if seed is None else seed, first_epoch=first_epoch,
+                         weigh=lambda mask: mask * (batch / max(mask.sum(), 1.0)))
     return Pipeline(data, data.steps, data.samples, data.pad)
 
 
 def eval_pipeline(x: Any, y: Any, sample_weight: Any, batch: int, strategy: Any = None) -> Pipeline:
     """One ordered pass for `evaluate`; padding weighs 0, real samples `padded / real`."""
     samples = num_samples(x)
-    steps = steps_for(samples, batch)
-    scale = steps * batch / samples
-    weighted = sample_weight is not None or steps * batch != samples
-    data = PaddedBatches((x, y, sample_weight), batch,
-                         weigh=(lambda mask: mask * scale) if weighted else None)
+    scale = steps_for(samples, batch) * batch / samples
+    data = PaddedBatches((x, y, sample_weight), batch, weigh=lambda mask: mask * scale)
     return Pipeline(data, data.steps, data.samples, data.pad)
 
 
