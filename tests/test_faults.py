@@ -9,11 +9,11 @@ from pathlib import Path
 
 import numpy as np
 from cells import train
+from checkpoint_run import CELL
 
 from tpu_magic.checkpoint import read_checkpoint
 
 RUN = Path(__file__).parent / "checkpoint_run.py"
-CELL = (RUN.read_text().split('CELL = """', 1)[1]).split('"""', 1)[0]
 
 
 def run(*args, timeout=300):
