@@ -21,6 +21,7 @@ class Pipeline:
     steps: int
     samples: int
     padded: int  # samples of padding in one pass
+    left_out: int = 0  # samples a pass leaves out (whole batches only, no padding)
 
 
 def is_array_input(x: Any) -> bool:
@@ -46,3 +47,33 @@ def new_seed() -> int:
 def trim(outputs: Any, samples: int) -> Any:
     """Drops the padded rows from predict outputs."""
     return keras.tree.map_structure(lambda a: a[:samples], outputs)
+
+
+def class_weights_to_sample_weights(y: Any, class_weight: dict) -> np.ndarray:
+    """`fit`'s `class_weight` as one weight per sample, by Keras's own rule (a one-hot
+    target counts by its argmax; a class not named weighs 1)."""
+    from keras.src.trainers.data_adapters.data_adapter_utils import (
+        class_weight_to_sample_weights)
+
+    return np.asarray(class_weight_to_sample_weights(np.asarray(y), class_weight), "float32")
+
+
+def string_input(model: Any, data: Any) -> str | None:
+    """Where strings would reach the model: a string array, a string dataset feature, or a
+    string `Input` of the model; None if nowhere."""
+    for leaf in keras.tree.flatten(data if not hasattr(data, "element_spec") else
+                                   _inputs_spec(data.element_spec)):
+        dtype = getattr(leaf, "dtype", None)
+        if isinstance(leaf, np.ndarray) and leaf.dtype.kind in "OSU":
+            return f"an input array of dtype {leaf.dtype}"
+        if dtype is not None and getattr(dtype, "name", str(dtype)) == "string":
+            return "a string feature in the dataset"
+    for tensor in getattr(model, "_inputs", None) or []:
+        if str(getattr(tensor, "dtype", "")) == "string":
+            return f"its Input {getattr(tensor, 'name', '')!r} has dtype string"
+    return None
+
+
+def _inputs_spec(spec: Any) -> Any:
+    """The inputs part of a dataset element (x of (x, y[, w]))."""
+    return spec[0] if isinstance(spec, tuple) else spec

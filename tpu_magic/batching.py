@@ -94,8 +94,11 @@ def plan_batches(
     return BatchPlan(batch, replicas, per_replica, tuple(warnings))
 
 
-def steps_for(samples: int, batch: int) -> int:
-    """Steps that cover `samples` once, the last one padded to a whole batch."""
+def steps_for(samples: int, batch: int, drop: bool = False) -> int:
+    """Steps that cover `samples` once: the last one padded to a whole batch, or with
+    `drop` only whole batches (the remainder left out)."""
+    if drop:
+        return samples // batch
     return max(1, math.ceil(samples / batch))
 
 

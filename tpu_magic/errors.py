@@ -27,6 +27,10 @@ class BatchSizeError(TpuMagicError):
     """A batch size that cannot be split over the replicas."""
 
 
+class InputError(TpuMagicError):
+    """Training data a model cannot take on the connected device (e.g. strings on a TPU)."""
+
+
 class RewrapError(TpuMagicError):
     """A model that cannot be rebuilt inside the distribution strategy."""
 

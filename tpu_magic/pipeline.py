@@ -2,10 +2,8 @@
 
 Every batch has exactly the global batch size (TPUs need static shapes; under
 MirroredStrategy an uneven split fails). The samples that fill the last batch
-are padding: they carry a zero sample weight, and the real samples' weights are
-rescaled so that Keras's `sum_over_batch_size` loss equals the mean over the real
-samples (see `exact_metrics` for the metrics). Measured: numpy under 8 replicas
-stalls at every epoch start; `repeat()` + `steps_per_epoch` + prefetch does not.
+are padding, masked out of losses and metrics by `exactness`'s packed sample weight.
+Measured: numpy under 8 replicas stalls at every epoch start; `repeat()` + `steps_per_epoch` + prefetch does not.
 """
 
 from __future__ import annotations
@@ -17,6 +15,7 @@ import tensorflow as tf
 
 from tpu_magic.arrays import Pipeline, new_seed, num_samples
 from tpu_magic.batching import steps_for
+from tpu_magic.exactness import MASK, REAL, WEIGHT
 
 _PARALLEL_LOADS = max(2, min(8, os.cpu_count() or 2))
 _PER_REPLICA = tf.distribute.InputOptions(
@@ -24,15 +23,22 @@ _PER_REPLICA = tf.distribute.InputOptions(
     experimental_fetch_to_device=False)
 
 
-def _as_tuple(x: Any) -> Any:
-    # tf.data keeps tuples as structures but would stack lists into one tensor.
-    return tuple(x) if isinstance(x, list) else x
+def _as_tuples(x: Any) -> Any:
+    """Lists become tuples at every level: tf.data keeps tuples as structures (several
+    inputs or outputs) but would stack a list into one tensor."""
+    if isinstance(x, (list, tuple)):
+        return tuple(_as_tuples(v) for v in x)
+    if isinstance(x, dict):
+        return {k: _as_tuples(v) for k, v in x.items()}
+    return x
 
 
 def _index_batches(samples: int, batch: int, shuffle: bool, repeat: bool, seed: int | None = None,
-                   first_epoch: int = 0) -> tuple[tf.data.Dataset, int, int]:
-    steps = steps_for(samples, batch)
-    pad = steps * batch - samples
+                   first_epoch: int = 0, drop: bool = False) -> tuple[tf.data.Dataset, int, int]:
+    """Batches of indices into the data, -1 for padding; `drop`: no padding, the remainder
+    of each epoch's order is left out instead."""
+    steps = steps_for(samples, batch, drop=drop)
+    pad = 0 if drop else steps * batch - samples
     if shuffle and repeat:
         # Epoch e's order depends only on (seed, e): a run resumed at epoch e sees the
         # same order as the run it continues.
@@ -42,7 +48,8 @@ def _index_batches(samples: int, batch: int, shuffle: bool, repeat: bool, seed: 
         def epoch_order(epoch):
             order = tf.random.experimental.stateless_shuffle(
                 tf.range(samples, dtype=tf.int64), seed=tf.stack([seed_tensor, epoch]))
-            return tf.data.Dataset.from_tensor_slices(tf.concat([order, padding], 0))
+            return tf.data.Dataset.from_tensor_slices(tf.concat([order[:steps * batch - pad],
+                                                                 padding], 0))
 
         indices = tf.data.Dataset.range(first_epoch, 2**62).flat_map(epoch_order)
         return indices.batch(batch, drop_remainder=True), steps, pad
@@ -101,67 +108,62 @@ def _gather(data: Any, index: tf.Tensor) -> Any:
 
 def _constants(arrays: Any) -> Any:
     with tf.device("/cpu:0"):
-        return tf.nest.map_structure(tf.convert_to_tensor, _as_tuple(arrays))
+        return tf.nest.map_structure(tf.convert_to_tensor, _as_tuples(arrays))
 
 
-def _labelled_loader(x: Any, y: Any, sample_weight: Any, pad: int,
-                     weigh: Callable[[tf.Tensor], tf.Tensor]) -> Callable[[tf.Tensor], Any]:
-    """Maps a batch of indices (-1 = padding) to (x, y[, weight]).
+def _labelled_loader(x: Any, y: Any, sample_weight: Any, pad: int) -> Callable[[tf.Tensor], Any]:
+    """Maps a batch of indices (-1 = padding) to (x[, y][, weight]).
 
-    Weights are added only where needed (padding or the user's own weights):
-    `weigh` turns the batch's real-sample mask into weights, times the user's.
+    With padding, the weight is `exactness`'s packed one (the real-sample mask, the user's
+    weights, the batch's share of real samples); without, the user's weights as given.
     """
-    data = _constants((x, y, sample_weight) if sample_weight is not None else (x, y))
-    weighted = pad > 0 or sample_weight is not None
+    data = _constants({key: value for key, value in (("x", x), ("y", y), ("w", sample_weight))
+                       if value is not None})
 
     def load(index):
         real = index >= 0
         picked = _gather(data, tf.where(real, index, 0))
-        if not weighted:
-            return picked
-        weight = weigh(tf.cast(real, tf.float32))
-        if sample_weight is not None:
-            weight = weight * tf.cast(picked[2], tf.float32)
-        return picked[0], picked[1], weight
+        labelled = (picked["x"],) if y is None else (picked["x"], picked["y"])
+        if pad:
+            mask = tf.cast(real, tf.float32)
+            weight = tf.ones_like(mask) if sample_weight is None else tf.cast(picked["w"], tf.float32)
+            share = tf.fill(tf.shape(mask), tf.reduce_sum(mask) / tf.cast(tf.size(mask), tf.float32))
+            return labelled + ({MASK: mask, WEIGHT: weight, REAL: share},)
+        return labelled if sample_weight is None else labelled + (picked["w"],)
 
     return load
 
 
 def train_pipeline(x: Any, y: Any, sample_weight: Any, batch: int, shuffle: bool,
                    repeat: bool = True, seed: int | None = None, first_epoch: int = 0,
-                   strategy: Any = None) -> Pipeline:
-    """Shuffled batches for `fit`; each padded batch's weights are rescaled to it.
+                   strategy: Any = None, drop: bool = False) -> Pipeline:
+    """Shuffled whole batches for `fit`: the last one padded (see `exactness`), or with
+    `drop` the remainder of each epoch's order left out.
 
     With `repeat`, the dataset is endless and `fit` gets `steps_per_epoch`; without,
     it is one pass per epoch (needed with steps_per_execution > 1, where Keras runs
     whole executions of K steps on an endless dataset and so overshoots the epoch).
-
-    The weight of a real sample in a batch with `k` real samples is `batch / k`
-    (times its own sample weight), so the step's loss and gradient are those of
-    the mean over its real samples. With `repeat`, the order of epoch `e` follows from
-    `seed` and `e` alone (`first_epoch` is the epoch `fit` starts at). Under a
-    MirroredStrategy the result is already distributed (see `_distributed`).
+    With `repeat`, the order of epoch `e` follows from `seed` and `e` alone
+    (`first_epoch` is the epoch `fit` starts at). Under a MirroredStrategy the result is
+    already distributed (see `_distributed`).
     """
     samples = num_samples(x)
     seed = new_seed() if seed is None else seed  # every replica's pipeline needs the same order
     indices, steps, pad = _index_batches(samples, batch, shuffle, repeat=repeat, seed=seed,
-                                         first_epoch=first_epoch)
-    load = _labelled_loader(x, y, sample_weight, pad,
-                            lambda mask: mask * (batch / tf.maximum(tf.reduce_sum(mask), 1.0)))
-    return Pipeline(_distributed(indices, load, batch, strategy), steps, samples, pad)
+                                         first_epoch=first_epoch, drop=drop)
+    load = _labelled_loader(x, y, sample_weight, pad)
+    return Pipeline(_distributed(indices, load, batch, strategy), steps, samples, pad,
+                    left_out=samples - steps * batch if drop else 0)
 
 
-def eval_pipeline(x: Any, y: Any, sample_weight: Any, batch: int, strategy: Any = None) -> Pipeline:
-    """One ordered pass for `evaluate`; padding weighs 0, real samples `padded / real`.
-
-    With that constant scale the loss tracker's mean over all (padded) samples
-    equals the mean over the real ones.
-    """
+def eval_pipeline(x: Any, y: Any, sample_weight: Any, batch: int, strategy: Any = None,
+                  drop: bool = False) -> Pipeline:
+    """One ordered pass for `evaluate`, the last batch padded (or dropped with `drop`)."""
     samples = num_samples(x)
-    indices, steps, pad = _index_batches(samples, batch, shuffle=False, repeat=False)
-    scale = (samples + pad) / samples
-    load = _labelled_loader(x, y, sample_weight, pad, lambda mask: mask * scale)
-    return Pipeline(_distributed(indices, load, batch, strategy), steps, samples, pad)
+    indices, steps, pad = _index_batches(samples, batch, shuffle=False, repeat=False, drop=drop)
+    load = _labelled_loader(x, y, sample_weight, pad)
+    return Pipeline(_distributed(indices, load, batch, strategy), steps, samples, pad,
+                    left_out=samples - steps * batch if drop else 0)
 
 
 def predict_pipeline(x: Any, batch: int, strategy: Any = None) -> Pipeline:

@@ -3,50 +3,55 @@
 The same rules as `pipeline` (tf.data, TensorFlow backend) without TensorFlow: every
 batch has exactly the global batch size, so `DataParallel` can split it over the
 devices (a smaller last batch fails: keras-team/keras#21167, ZeroDivisionError with
-fewer samples than devices). Padding carries a zero sample weight and the real
-samples' weights are rescaled, so losses and gradients are those of the real samples.
+fewer samples than devices). Padding is masked out of losses and metrics by `exactness`.
 Epoch `e`'s order depends only on (seed, e), so a resumed run sees the same order.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import keras
 import numpy as np
 
 from tpu_magic.arrays import Pipeline, new_seed, num_samples
 from tpu_magic.batching import steps_for
+from tpu_magic.exactness import MASK, REAL, WEIGHT
 
 
 class PaddedBatches(keras.utils.PyDataset):
     """Batch `i` of the current epoch: indices into the arrays, -1 for padding.
 
     Args:
-        arrays: (x, y[, sample_weight]) or (x,) — NumPy arrays or structures of them.
+        x, y, sample_weight: NumPy arrays or structures of them (`y`, `sample_weight` may
+            be None).
         batch: the global batch.
         shuffle: a new order each epoch (from `seed` and the epoch number).
         first_epoch: the epoch `fit` starts at.
-        weigh: real-sample mask of a batch → the weights; used only where weights are needed
-            (padding, or the user's own sample weights), as in `pipeline`.
+        drop: leave the remainder of each epoch's order out instead of padding.
+        labelled: whether batches carry targets and weights (False: inputs only).
+
+    With padding, batches carry `exactness`'s packed sample weight, as in `pipeline`.
     """
 
-    def __init__(self, arrays: tuple, batch: int, shuffle: bool = False, seed: int = 0,
-                 first_epoch: int = 0, weigh: Callable[[np.ndarray], np.ndarray] | None = None):
+    def __init__(self, x: Any, y: Any = None, sample_weight: Any = None, *, batch: int,
+                 shuffle: bool = False, seed: int = 0, first_epoch: int = 0,
+                 drop: bool = False, labelled: bool = True):
         super().__init__()
-        self.arrays, self.batch, self.shuffle, self.seed = arrays, batch, shuffle, seed
-        self.samples = num_samples(arrays[0])
-        self.steps = steps_for(self.samples, batch)
-        self.pad = self.steps * batch - self.samples
-        weighted = self.pad > 0 or (len(arrays) > 2 and arrays[2] is not None)
-        self.weigh = weigh if weighted else None
+        self.x, self.y, self.sample_weight = x, y, sample_weight
+        self.batch, self.shuffle, self.seed, self.labelled = batch, shuffle, seed, labelled
+        self.samples = num_samples(x)
+        self.steps = steps_for(self.samples, batch, drop=drop)
+        self.pad = 0 if drop else self.steps * batch - self.samples
+        self.left_out = self.samples - self.steps * batch if drop else 0
         self.epoch = first_epoch
         self.order = self._order()
 
     def _order(self) -> np.ndarray:
         order = (np.random.default_rng([self.seed, self.epoch]).permutation(self.samples)
                  if self.shuffle else np.arange(self.samples))
-        return np.concatenate([order, np.full(self.pad, -1)])
+        return np.concatenate([order[:self.steps * self.batch - self.pad],
+                               np.full(self.pad, -1)])
 
     def __len__(self) -> int:
         return self.steps
@@ -55,14 +60,20 @@ class PaddedBatches(keras.utils.PyDataset):
         index = self.order[i * self.batch:(i + 1) * self.batch]
         real = index >= 0
         safe = np.where(real, index, 0)
-        picked = tuple(None if a is None else keras.tree.map_structure(lambda v: v[safe], a)
-                       for a in self.arrays)
-        if self.weigh is None:
-            return tuple(a for a in picked if a is not None)
-        weight = self.weigh(real.astype("float32"))
-        if len(picked) > 2 and picked[2] is not None:
-            weight = weight * picked[2].astype("float32")
-        return picked[0], picked[1], weight
+
+        def pick(a):
+            return keras.tree.map_structure(lambda v: v[safe], a)
+
+        if not self.labelled:
+            return (pick(self.x),)
+        picked = (pick(self.x),) if self.y is None else (pick(self.x), pick(self.y))
+        weight = None if self.sample_weight is None else pick(self.sample_weight)
+        if self.pad:
+            mask = real.astype("float32")
+            share = np.full(len(mask), mask.mean(), "float32")
+            weight = np.ones_like(mask) if weight is None else weight.astype("float32")
+            return picked + ({MASK: mask, WEIGHT: weight, REAL: share},)
+        return picked if weight is None else picked + (weight,)
 
     def on_epoch_end(self) -> None:
         self.epoch += 1
@@ -72,27 +83,26 @@ class PaddedBatches(keras.utils.PyDataset):
 
 def train_pipeline(x: Any, y: Any, sample_weight: Any, batch: int, shuffle: bool,
                    repeat: bool = True, seed: int | None = None, first_epoch: int = 0,
-                   strategy: Any = None) -> Pipeline:
-    """Shuffled padded batches for `fit`; a real sample in a batch of `k` weighs `batch / k`.
+                   strategy: Any = None, drop: bool = False) -> Pipeline:
+    """Shuffled whole batches for `fit`, the last one padded (or dropped with `drop`).
 
     `repeat` and `strategy` are accepted for the same signature as `pipeline.train_pipeline`:
     Keras asks a PyDataset for each epoch's batches itself, and splits them over the devices.
     """
-    data = PaddedBatches((x, y, sample_weight), batch, shuffle=shuffle,
+    data = PaddedBatches(x, y, sample_weight, batch=batch, shuffle=shuffle,
                          seed=new_seed() if seed is None else seed, first_epoch=first_epoch,
-                         weigh=lambda mask: mask * (batch / max(mask.sum(), 1.0)))
-    return Pipeline(data, data.steps, data.samples, data.pad)
+                         drop=drop)
+    return Pipeline(data, data.steps, data.samples, data.pad, left_out=data.left_out)
 
 
-def eval_pipeline(x: Any, y: Any, sample_weight: Any, batch: int, strategy: Any = None) -> Pipeline:
-    """One ordered pass for `evaluate`; padding weighs 0, real samples `padded / real`."""
-    samples = num_samples(x)
-    scale = steps_for(samples, batch) * batch / samples
-    data = PaddedBatches((x, y, sample_weight), batch, weigh=lambda mask: mask * scale)
-    return Pipeline(data, data.steps, data.samples, data.pad)
+def eval_pipeline(x: Any, y: Any, sample_weight: Any, batch: int, strategy: Any = None,
+                  drop: bool = False) -> Pipeline:
+    """One ordered pass for `evaluate`, the last batch padded (or dropped with `drop`)."""
+    data = PaddedBatches(x, y, sample_weight, batch=batch, drop=drop)
+    return Pipeline(data, data.steps, data.samples, data.pad, left_out=data.left_out)
 
 
 def predict_pipeline(x: Any, batch: int, strategy: Any = None) -> Pipeline:
     """One ordered pass of inputs only; padding repeats sample 0 and is trimmed afterwards."""
-    data = PaddedBatches((x,), batch)
+    data = PaddedBatches(x, batch=batch, labelled=False)
     return Pipeline(data, data.steps, data.samples, data.pad)

@@ -26,6 +26,8 @@ class TrainReport:
         rewrapped / notes: what tpu_magic changed or advises.
         checkpoints: the checkpoint files written (--checkpoint), oldest first.
         resumed_from: the checkpoint training continued from (--resume).
+        left_out: samples left out of a pass ("fit" per epoch, "validation", "evaluate") for
+            a model whose loss cannot skip padding (it gets whole batches of real samples).
     """
 
     strategy: str
@@ -48,6 +50,7 @@ class TrainReport:
     notes: list[str] = field(default_factory=list)
     checkpoints: list[str] = field(default_factory=list)
     resumed_from: str | None = None
+    left_out: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
 
     def summary(self) -> str:
@@ -76,6 +79,9 @@ class TrainReport:
             lines.append("  evaluate: " + _fmt(result))
         for rows in self.predictions:
             lines.append(f"  predict: {rows} rows")
+        for what, left in self.left_out.items():
+            lines.append(f"  {what}: {left} sample{'s' * (left != 1)} left out (whole batches "
+                         "of real samples only, see the note)")
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 

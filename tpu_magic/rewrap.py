@@ -62,6 +62,16 @@ def built_outside(model: Any, strategy: Any) -> bool:
     )
 
 
+def built_for(model: Any, strategy: Any) -> bool:
+    """True when the model was built for this strategy: it has variables, all made for it."""
+    if not model.weights:
+        return False
+    if not hasattr(strategy, "extended"):
+        return not _outside_distribution(model, strategy)
+    return getattr(model, "_distribute_strategy", None) is strategy and \
+        not built_outside(model, strategy)
+
+
 def _outside_distribution(model: Any, distribution: Any) -> bool:
     """JAX: variables made in a `DataParallel` scope span all its devices; others sit on one."""
     devices = distribution.device_mesh.devices.size

@@ -1,17 +1,15 @@
 """Running a cell's Keras training on the session's strategy.
 
-While a `%%tpu_train` cell runs, `keras.Model.fit`, `evaluate` and `predict` are
-routed through `TrainingCell`: the batch is checked before anything runs, NumPy
-inputs become padded tf.data pipelines (see `pipeline`), metrics count only real
-samples (see `exact_metrics`), and `fit` gets a live progress bar and a report.
-The originals are restored when the cell ends, also on error. Calls Keras makes
-from inside these methods (e.g. `fit`'s validation `evaluate`) pass straight through.
+`fit`, `evaluate` and `predict` of the models a `%%tpu_train` cell runs (and, later, of
+the models it built or rewrapped: see `routing`) go through `TrainingCell`: the batch
+is checked before anything runs, NumPy inputs become whole batches (see `pipeline`,
+`pydataset`), padding is masked out of losses and metrics (see `exactness`), and `fit`
+gets a live progress bar and a report.
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
 import math
 import signal
 import threading
@@ -22,20 +20,17 @@ from typing import Any, Callable, Iterator, MutableMapping
 
 import keras
 
-from tpu_magic import arrays
+from tpu_magic import arrays, exactness, routing
 from tpu_magic.batching import BatchPlan, plan_batches, scaled_learning_rate
 from tpu_magic.checkpoint import Checkpoint, CheckpointStore, Checkpointing
-from tpu_magic.errors import CheckpointError, RewrapError
-from tpu_magic.exact_metrics import real_samples_only
+from tpu_magic.errors import BatchSizeError, CheckpointError, InputError, RewrapError
 from tpu_magic.progress import FitProgress, FitTiming, TrainingView
 from tpu_magic.report import TrainReport
-from tpu_magic.rewrap import built_outside, names_in, rewrap_namespace
+from tpu_magic.rewrap import built_for, built_outside, names_in, rewrap_namespace
 from tpu_magic.session import Session
 
 KERAS_DEFAULT_BATCH = 32
-_ORIGINAL = {name: getattr(keras.Model, name) for name in ("fit", "evaluate", "predict")}
-_SIGNATURE = {name: inspect.signature(method) for name, method in _ORIGINAL.items()}
-_local = threading.local()
+_ORIGINAL = routing.ORIGINAL
 # The learning rate each model had before --scale-lr first scaled it.
 _base_learning_rate: "weakref.WeakKeyDictionary[Any, float]" = weakref.WeakKeyDictionary()
 
@@ -105,12 +100,25 @@ class TrainingCell:
             self.report.rewrapped.extend(done.names)
             self.say(line)
         try:
-            with strategy.scope(), self._routed():
+            with strategy.scope(), routing.cell(self):
                 execute()
         finally:
             self.report.seconds = time.perf_counter() - start
             self.report.model_name = self._name_of(self.last_model)
+            self._adopt_namespace()
         return self.report
+
+    def _adopt_namespace(self) -> None:
+        """Models the cell left in the namespace that belong to the strategy keep routing."""
+        for name, value in list(self.namespace.items()):
+            if isinstance(value, keras.Model) and not name.startswith("_") and \
+                    built_for(value, self.session.strategy):
+                routing.adopt(value, self._later())
+
+    def _later(self) -> "TrainingCell":
+        """The router of an adopted model outside cells: Keras's own output, no flags."""
+        return TrainingCell(self.session, TrainOptions(progress=False), self.namespace,
+                            say=self.say)
 
     def fit_again(self, last: FitCall, stop_event: threading.Event | None = None) -> TrainReport:
         """Repeats a recorded `fit` from the current weights with this cell's batch and epochs.
@@ -123,51 +131,18 @@ class TrainingCell:
         self.stop_event = stop_event
         call = dict(last.arguments, initial_epoch=0, verbose=0)
         named = set(last.named) - {"batch_size", "epochs", "initial_epoch"}
-        _local.depth = 1
         try:
-            with self.session.strategy.scope(), real_samples_only():
+            with self.session.strategy.scope(), routing.inside_keras():
                 self._fit(last.model, call, named)
         finally:
-            _local.depth = 0
             self.report.seconds = time.perf_counter() - start
             self.report.model_name = self._name_of(self.last_model)
         return self.report
 
     # -- routing ---------------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _routed(self) -> Iterator[None]:
-        cell = self
-
-        def fit(model, *args, **kwargs):
-            return cell._route("fit", model, args, kwargs)
-
-        def evaluate(model, *args, **kwargs):
-            return cell._route("evaluate", model, args, kwargs)
-
-        def predict(model, *args, **kwargs):
-            return cell._route("predict", model, args, kwargs)
-
-        for name, routed in (("fit", fit), ("evaluate", evaluate), ("predict", predict)):
-            routed.__doc__ = _ORIGINAL[name].__doc__
-            routed.__wrapped__ = _ORIGINAL[name]
-            setattr(keras.Model, name, routed)
-        try:
-            with real_samples_only():
-                yield
-        finally:
-            for name, original in _ORIGINAL.items():
-                setattr(keras.Model, name, original)
-
-    def _route(self, name: str, model: Any, args: tuple, kwargs: dict) -> Any:
-        if getattr(_local, "depth", 0):  # Keras calling itself, e.g. fit's validation
-            return _ORIGINAL[name](model, *args, **kwargs)
-        bound = _SIGNATURE[name].bind(model, *args, **kwargs)
-        named = set(bound.arguments)
-        bound.apply_defaults()
-        call = dict(bound.arguments)
-        call.pop("self")
-        call.update(call.pop("kwargs", {}))
+    def route(self, name: str, model: Any, call: dict, named: set) -> Any:
+        """`model.<name>(...)` through tpu_magic (see `routing`)."""
         if built_outside(model, self.session.strategy):
             label = self._name_of(model) or model.name
             raise RewrapError(
@@ -175,11 +150,9 @@ class TrainingCell:
                 "this cell reaches it without naming it. Name it in the cell (tpu_magic rebuilds "
                 "the models a cell names) or build it inside the %%tpu_train cell."
             )
-        _local.depth = 1
-        try:
+        routing.adopt(model, self._later())
+        with self.session.strategy.scope(), routing.inside_keras():
             return getattr(self, "_" + name)(model, call, named)
-        finally:
-            _local.depth = 0
 
     # -- shared steps ----------------------------------------------------------------------
 
@@ -193,15 +166,14 @@ class TrainingCell:
             static = plan_batches(static, replicas, what="the batch fixed in the model's Input"
                                   ).per_replica
         data = call.get("x")
+        self._refuse_strings(model, data)
         if _is_dataset(data):
             from tpu_magic.pipeline import dataset_batch_size  # a tf.data input: TF is there
 
-            batch = dataset_batch_size(data)
+            batch, what = dataset_batch_size(data), "the dataset's batch"
             if batch is None:
                 return BatchPlan(0, replicas, 0)
-            return plan_batches(batch, replicas, tpu_rules=self.session.tpu_rules,
-                                what="the dataset's batch")
-        if key in named and call.get(key) is not None:
+        elif key in named and call.get(key) is not None:
             batch, what = call[key], key
         elif self.options.batch_size is not None:
             batch, what = self.options.batch_size, "--batch-size"
@@ -219,13 +191,51 @@ class TrainingCell:
             self._note(warning, "warning: ")
         return plan
 
-    def _padded_batch(self, plan: BatchPlan, model: Any, samples: int) -> int:
-        """The batch NumPy data is padded to: a batch larger than the data shrinks to the data,
-        rounded up to whole replicas (the same results without padding, say, 10**9 rows)."""
+    def _padded_batch(self, plan: BatchPlan, model: Any, samples: int, drop: bool = False) -> int:
+        """The batch NumPy data is cut into: a batch larger than the data shrinks to the data,
+        rounded up to whole replicas (the same results without padding, say, 10**9 rows);
+        with `drop` (no padding), rounded down instead."""
         if _static_batch(model) is not None:
             return plan.global_batch
         unit = plan.replicas * (8 if self.session.tpu_rules else 1)
-        return min(plan.global_batch, max(1, math.ceil(samples / unit)) * unit)
+        if not drop:
+            return min(plan.global_batch, max(1, math.ceil(samples / unit)) * unit)
+        whole = (samples // unit) * unit or (samples // plan.replicas) * plan.replicas
+        if not whole:
+            raise BatchSizeError(
+                f"{samples} sample{'s' * (samples != 1)} cannot fill one batch over "
+                f"{plan.replicas} replicas, and this model's loss cannot skip padding: pass at "
+                f"least {plan.replicas} samples")
+        return min(plan.global_batch, whole)
+
+    def _refuse_strings(self, model: Any, data: Any) -> None:
+        """Strings cannot be split over replicas, nor go to a TPU: say where they belong."""
+        if self.session.replicas == 1 and self.session.kind != "tpu":
+            return
+        found = arrays.string_input(model, data)
+        if found is not None:
+            raise InputError(
+                f"model {self._name_of(model) or model.name!r} gets strings ({found}): a TPU "
+                "cannot run string ops and replicas cannot split them. Move the text "
+                "vectorization into the tf.data pipeline, `dataset.map(lambda x, y: "
+                "(vectorize_layer(x), y))`, and give the model its integer output (as the Keras "
+                "TPU guides do); keep a model with the TextVectorization layer for inference "
+                "on the CPU.")
+
+    def _exact(self, model: Any, has_targets: bool) -> bool:
+        """Whether padding can be masked out for this model; else say what happens instead."""
+        if exactness.masks_reach_loss(model, has_targets):
+            return True
+        why = ("it has no targets or compiled loss (its loss comes from add_loss)"
+               if exactness.keras_steps(model) else
+               "its train_step/test_step/compute_loss/compute_metrics are its own and may "
+               "ignore sample weights")
+        self._note(f"model {self._name_of(model) or model.name!r}: {why}, so padded samples "
+                   "could reach its loss. tpu_magic feeds it whole batches of real samples "
+                   "only: fit leaves out the last few samples of each epoch's shuffled order "
+                   "(different ones each epoch), evaluate the last few samples, each fewer "
+                   "than one batch (the report counts them).")
+        return False
 
     def _note(self, text: str, prefix: str = "note: ") -> None:
         """Tells the user once per cell, and keeps it in the report."""
@@ -246,8 +256,10 @@ class TrainingCell:
         if model.steps_per_execution != k:
             model.steps_per_execution = k
             retrace = True
+        if exactness.enable(model):
+            retrace = True
         if retrace:
-            # Functions traced outside `real_samples_only` would count padded samples.
+            # Functions traced before the exactness overrides would count padded samples.
             model.train_function = model.test_function = model.predict_function = None
             model._tpu_magic_traced = True
 
@@ -297,14 +309,17 @@ class TrainingCell:
                 head, tail = _split((x, y, weights), cut)
                 (x, y, weights), call["validation_data"] = head, tail
                 call["validation_split"] = 0.0
+            weights = self._class_weighted(y, weights, call)
+            drop = not self._exact(model, y is not None)
             # tf.data repeats (no stall at each epoch start); a PyDataset (JAX) is asked per epoch.
             endless = self.session.backend == "tf" and (
                 model.steps_per_execution == 1 or call.get("steps_per_epoch") is not None)
-            batch = self._padded_batch(plan, model, arrays.num_samples(x))
+            batch = self._padded_batch(plan, model, arrays.num_samples(x), drop=drop)
             train = self.data.train_pipeline(
                 x, y, weights, batch, shuffle=bool(call.get("shuffle", True)), repeat=endless,
                 seed=seed, first_epoch=call.get("initial_epoch") or 0,
-                strategy=self.session.strategy)
+                strategy=self.session.strategy, drop=drop)
+            self._count_left_out("fit", train)
             call.update(x=train.dataset, y=None, sample_weight=None, batch_size=None, shuffle=False,
                         steps_per_epoch=call.get("steps_per_epoch") or (train.steps if endless else None))
         self._validation(model, call, named, plan)
@@ -389,16 +404,36 @@ class TrainingCell:
         if data is None or _is_dataset(data):
             return
         vx, vy, vw = (tuple(data) + (None, None))[:3]
-        if not (arrays.is_array_input(vx) and arrays.is_array_input(vy)):
+        if not (arrays.is_array_input(vx) and (vy is None or arrays.is_array_input(vy))):
             return
         batch = call.get("validation_batch_size") or plan.global_batch
         vplan = plan_batches(batch, self.session.replicas, what="validation_batch_size",
                              static_per_replica=plan.per_replica if _static_batch(model) else None)
+        drop = not self._exact(model, vy is not None)
         evaluation = self.data.eval_pipeline(
-            vx, vy, vw, self._padded_batch(vplan, model, arrays.num_samples(vx)),
-            strategy=self.session.strategy)
+            vx, vy, vw, self._padded_batch(vplan, model, arrays.num_samples(vx), drop=drop),
+            strategy=self.session.strategy, drop=drop)
+        self._count_left_out("validation", evaluation)
         call.update(validation_data=evaluation.dataset, validation_batch_size=None,
                     validation_steps=call.get("validation_steps") or evaluation.steps)
+
+    def _class_weighted(self, y: Any, weights: Any, call: dict) -> Any:
+        """`class_weight` folded into per-sample weights (Keras's own rule), as Keras does."""
+        class_weight = call.get("class_weight")
+        if not class_weight:
+            return weights
+        call["class_weight"] = None
+        if weights is not None:
+            raise InputError("fit got both class_weight and sample_weight (Keras takes one): "
+                             "multiply the class weights into sample_weight, or drop one")
+        if y is None or keras.tree.is_nested(y):
+            raise InputError("class_weight works with one target array (a single output): "
+                             "give per-sample weights as sample_weight instead")
+        return arrays.class_weights_to_sample_weights(y, class_weight)
+
+    def _count_left_out(self, what: str, pipeline: arrays.Pipeline) -> None:
+        if pipeline.left_out:
+            self.report.left_out[what] = pipeline.left_out
 
     def _record_fit(self, recorded: FitCall, plan, timing, history, interrupted) -> None:
         model = recorded.model
@@ -422,10 +457,12 @@ class TrainingCell:
         plan = self._plan("evaluate", model, call, named)
         self._prepare(model)
         x, y, weights = call["x"], call["y"], call["sample_weight"]
-        if arrays.is_array_input(x) and arrays.is_array_input(y):
+        if arrays.is_array_input(x) and (y is None or arrays.is_array_input(y)):
+            drop = not self._exact(model, y is not None)
             evaluation = self.data.eval_pipeline(
-                x, y, weights, self._padded_batch(plan, model, arrays.num_samples(x)),
-                strategy=self.session.strategy)
+                x, y, weights, self._padded_batch(plan, model, arrays.num_samples(x), drop=drop),
+                strategy=self.session.strategy, drop=drop)
+            self._count_left_out("evaluate", evaluation)
             call.update(x=evaluation.dataset, y=None, sample_weight=None, batch_size=None,
                         steps=call.get("steps") or evaluation.steps)
         if self.options.progress:

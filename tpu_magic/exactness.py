@@ -1,0 +1,161 @@
+"""Exact losses and metrics over padded batches, switched on per model.
+
+Every batch tpu_magic feeds a device is whole (TPUs need static shapes; replicas need equal
+shares). Where the data do not fill the last batch, it is padded, and the batch carries a
+*packed* sample weight, a dict of three per-row values:
+
+- `MASK`: 1 for a real sample, 0 for padding;
+- `WEIGHT`: the user's own sample weight (times `class_weight`), 1 where none was given;
+- `REAL`: the share of real samples in the batch (k / B), the same on every row.
+
+Measured (FACTS.md): a zero sample weight alone is not exact in Keras 3 — the loss still
+divides by the padded batch, `metrics=` count padded rows, and `fit`'s epoch loss weighs a
+partial batch like a full one. So `enable(model)` gives the model, and only it, three
+instance-level overrides (no Keras class is patched, nothing leaks into other models or
+threads):
+
+- `compute_loss` uses `MASK * WEIGHT / REAL`: the batch's loss and gradient are plain
+  Keras's mean over its k real samples;
+- the loss trackers (the model's, and one per output) weigh a batch by its k real samples,
+  as plain Keras weighs a partial batch by its size;
+- the compiled metrics give `metrics=` the mask (0/1: counts stay whole) and
+  `weighted_metrics=` the mask times the user's weights.
+
+This holds only where Keras's own `train_step`, `test_step`, `compute_loss` and
+`compute_metrics` run and the loss comes from `compile` (see `masks_reach_loss`); other
+models are fed whole batches of real samples only (see `train`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+from keras import ops
+
+MASK, WEIGHT, REAL = "tpu_magic_mask", "tpu_magic_weight", "tpu_magic_real"
+_KERAS_STEPS = ("train_step", "test_step", "compute_loss", "compute_metrics")
+_ENABLED = "_tpu_magic_exact"  # on the model: the loss tracker the overrides were put on
+_REAL_NOW = "_tpu_magic_real_share"  # on the model: REAL of the batch in the step being traced
+
+
+def is_packed(sample_weight: Any) -> bool:
+    """Whether a step's sample weight is tpu_magic's packed one."""
+    return isinstance(sample_weight, dict) and MASK in sample_weight
+
+
+def keras_steps(model: Any) -> bool:
+    """Whether the model trains and tests with Keras's own steps, loss and metrics code."""
+    cls = type(model)
+    return all(getattr(cls, name, None) is getattr(keras.Model, name) for name in _KERAS_STEPS)
+
+
+def masks_reach_loss(model: Any, has_targets: bool) -> bool:
+    """Whether padded rows can be masked out of everything the model's steps compute.
+
+    Not for a custom `train_step`/`test_step`/`compute_loss`/`compute_metrics` (it may
+    ignore sample weights), nor without targets or a compiled loss (then the loss comes
+    from `add_loss`, which sample weights do not reach).
+    """
+    return (has_targets and keras_steps(model)
+            and getattr(model, "_compile_loss", None) is not None)
+
+
+def shaped(weight: Any, like: Any) -> Any:
+    """A per-row weight (B,) as (B, 1, ..., 1), the rank of `like` (a target or output).
+
+    Keras's losses broadcast a sample weight only when ranks differ by one with a last
+    dimension of 1; a per-timestep loss (B, T) against a (B,) weight would not broadcast.
+    """
+    rank = len(like.shape)
+    return ops.reshape(weight, (-1,) + (1,) * (rank - 1)) if rank > 1 else weight
+
+
+def _per_output(weight: Any, y: Any) -> Any:
+    leaves = keras.tree.flatten(y)
+    if len({len(leaf.shape) for leaf in leaves}) == 1:
+        return shaped(weight, leaves[0])
+    return keras.tree.map_structure(lambda leaf: shaped(weight, leaf), y)
+
+
+def enable(model: Any) -> bool:
+    """Puts the overrides on `model` (again after a new `compile`).
+
+    Returns:
+        True when they were (re)installed: functions traced before must be traced again.
+    """
+    tracker = getattr(model, "_loss_tracker", None)
+    if tracker is None or not keras_steps(model) or model.__dict__.get(_ENABLED) is tracker:
+        return False
+    original_loss = type(model).compute_loss.__get__(model)
+
+    def compute_loss(x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        if not is_packed(sample_weight):
+            object.__setattr__(model, _REAL_NOW, None)
+            return original_loss(x, y, y_pred, sample_weight, training=training)
+        real = sample_weight[REAL]
+        object.__setattr__(model, _REAL_NOW, ops.mean(ops.cast(real, "float32")))
+        weight = ops.cast(sample_weight[MASK], "float32") * ops.cast(
+            sample_weight[WEIGHT], "float32") / ops.cast(real, "float32")
+        return original_loss(x, y, y_pred, _per_output(weight, y), training=training)
+
+    object.__setattr__(model, "compute_loss", compute_loss)
+    _weigh_by_real_samples(model, tracker)
+    compiled_loss = getattr(model, "_compile_loss", None)
+    if compiled_loss is not None:
+        _on_build(compiled_loss, lambda: [_weigh_by_real_samples(model, t)
+                                          for t in compiled_loss.metrics])
+    compiled_metrics = getattr(model, "_compile_metrics", None)
+    if compiled_metrics is not None:
+        _mask_metrics(compiled_metrics)
+    object.__setattr__(model, _ENABLED, tracker)
+    return True
+
+
+def _weigh_by_real_samples(model: Any, tracker: Any) -> None:
+    """A loss tracker (a Mean weighted by batch rows) weighs a padded batch by its real rows."""
+    original = tracker.update_state
+
+    def update_state(values, sample_weight=None):
+        real = model.__dict__.get(_REAL_NOW)
+        if real is not None and sample_weight is not None:
+            sample_weight = ops.cast(sample_weight, "float32") * real
+        return original(values, sample_weight=sample_weight)
+
+    object.__setattr__(tracker, "update_state", update_state)
+
+
+def _on_build(compiled_loss: Any, then: Any) -> None:
+    """Per-output loss trackers exist only once the compiled loss is built (in the first step)."""
+    if compiled_loss.built:
+        then()
+        return
+    original = compiled_loss.build
+
+    def build(y_true, y_pred):
+        original(y_true, y_pred)
+        then()
+
+    object.__setattr__(compiled_loss, "build", build)
+
+
+def _mask_metrics(compiled_metrics: Any) -> None:
+    """`metrics=` get the 0/1 mask, `weighted_metrics=` the mask times the user's weights."""
+    original = compiled_metrics.update_state
+
+    def update_state(y_true, y_pred, sample_weight=None):
+        if not is_packed(sample_weight):
+            return original(y_true, y_pred, sample_weight)
+        if not compiled_metrics.built:
+            compiled_metrics.build(y_true, y_pred)
+        mask = ops.cast(sample_weight[MASK], "float32")
+        weighted = mask * ops.cast(sample_weight[WEIGHT], "float32")
+        truths = compiled_metrics._flatten_y(y_true)
+        predictions = compiled_metrics._flatten_y(y_pred)
+        for group, weight in ((compiled_metrics._flat_metrics, mask),
+                              (compiled_metrics._flat_weighted_metrics, weighted)):
+            for metric, truth, prediction in zip(group, truths, predictions):
+                if metric:
+                    metric.update_state(truth, prediction, shaped(weight, truth))
+
+    object.__setattr__(compiled_metrics, "update_state", update_state)
