@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import inspect
 import types
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, MutableMapping
@@ -83,9 +84,13 @@ def _outside_distribution(model: Any, distribution: Any) -> bool:
 
 
 def custom_objects_from(namespace: Mapping[str, Any], model: Any) -> dict[str, Any]:
-    """Functions and classes a notebook defined, so a custom loss or layer deserializes."""
+    """Functions and classes a notebook defined, so a custom loss or layer deserializes.
+
+    A notebook layer whose `__init__` takes no `**kwargs` (the keras-io pattern) gets a
+    tolerant constructor in its place (see `TolerantLayer`).
+    """
     found = {
-        name: obj for name, obj in namespace.items()
+        name: TolerantLayer.wrap(obj) for name, obj in namespace.items()
         if not name.startswith("_") and isinstance(obj, (types.FunctionType, type))
     }
     loss = getattr(model, "loss", None)
@@ -94,8 +99,46 @@ def custom_objects_from(namespace: Mapping[str, Any], model: Any) -> dict[str, A
     return found
 
 
-def rewrap(model: Any, strategy: Any, custom_objects: Mapping[str, Any]) -> tuple[Any, bool]:
+class TolerantLayer:
+    """Rebuilds a notebook layer from Keras's automatic config when its `__init__` takes no
+    `**kwargs` and it has no `get_config`/`from_config` of its own.
+
+    Keras 3 records the constructor's arguments and adds `name`, `trainable` and `dtype`;
+    `cls(**config)` then fails with a TypeError. Here only the arguments the constructor
+    accepts are passed, and `trainable` and the dtype policy are set afterwards.
+    """
+
+    def __init__(self, cls: type):
+        self.cls = cls
+        self.__name__ = cls.__name__
+        self.accepted = set(inspect.signature(cls.__init__).parameters) - {"self"}
+
+    @classmethod
+    def wrap(cls, obj: Any) -> Any:
+        if not (isinstance(obj, type) and issubclass(obj, keras.layers.Layer)) or \
+                obj.from_config.__func__ is not keras.layers.Layer.from_config.__func__:
+            return obj
+        parameters = inspect.signature(obj.__init__).parameters.values()
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+            return obj
+        return cls(obj)
+
+    def from_config(self, config: dict) -> Any:
+        layer = self.cls(**{k: v for k, v in config.items() if k in self.accepted})
+        if "trainable" in config and "trainable" not in self.accepted:
+            layer.trainable = config["trainable"]
+        if "dtype" in config and "dtype" not in self.accepted and config["dtype"] is not None:
+            layer.dtype_policy = keras.dtype_policies.deserialize(config["dtype"]) \
+                if isinstance(config["dtype"], dict) else keras.dtype_policies.get(config["dtype"])
+        return layer
+
+
+def rewrap(model: Any, strategy: Any, custom_objects: Mapping[str, Any],
+           label: str | None = None) -> tuple[Any, bool]:
     """Clones `model` inside `strategy.scope()` with the same weights and compile settings.
+
+    Args:
+        label: the user's name for the model (messages name it), else Keras's name.
 
     Returns:
         (the new model, whether the optimizer's state was copied too).
@@ -103,7 +146,7 @@ def rewrap(model: Any, strategy: Any, custom_objects: Mapping[str, Any]) -> tupl
     Raises:
         RewrapError: the model cannot be cloned (e.g. a subclassed model).
     """
-    name = getattr(model, "name", type(model).__name__)
+    name = label or getattr(model, "name", type(model).__name__)
     # Variables of another strategy can only be read inside that strategy's scope.
     with own_scope(model):
         weights = model.get_weights() if model.built else []
@@ -111,7 +154,13 @@ def rewrap(model: Any, strategy: Any, custom_objects: Mapping[str, Any]) -> tupl
         old_optimizer = getattr(model, "optimizer", None)
         optimizer_state = ([v.numpy() for v in old_optimizer.variables]
                            if old_optimizer is not None and old_optimizer.built else None)
-        config = model.get_config() if _is_graph_model(model) else None
+        try:
+            config = model.get_config() if _is_graph_model(model) else None
+        except NotImplementedError as exc:  # a layer with unserializable constructor arguments
+            raise RewrapError(f"model {name!r} was built outside the strategy and cannot be "
+                              f"rebuilt inside it: "
+                              f"{unbuildable(exc, ', or build the model inside the %%tpu_train cell')}"
+                              ) from None
     if config is None:
         raise RewrapError(
             f"model {name!r} ({type(model).__name__}) was built outside the strategy and "
@@ -119,13 +168,39 @@ def rewrap(model: Any, strategy: Any, custom_objects: Mapping[str, Any]) -> tupl
             "Build it inside a %%tpu_train cell, where models are created for the strategy."
         )
     with keras.saving.custom_object_scope(dict(custom_objects)), strategy.scope():
-        new = model.__class__.from_config(config)
+        try:
+            new = model.__class__.from_config(config)
+        except (TypeError, ValueError) as exc:
+            raise RewrapError(f"model {name!r} was built outside the strategy and cannot be "
+                              f"rebuilt inside it: "
+                              f"{unbuildable(exc, ', or build the model inside the %%tpu_train cell')}"
+                              ) from None
         if weights:
             new.set_weights(weights)
         if compile_config:
             new.compile_from_config(compile_config)  # a new optimizer from the old one's config
         copied = _restore_optimizer_state(new, optimizer_state)
     return new, copied
+
+
+def unbuildable(exc: BaseException, instead: str = "") -> str:
+    """Why Keras could not rebuild a model from its config, and the fix, for a message
+    (`instead`: another way out, e.g. ", or build the model inside the cell")."""
+    text = str(exc).strip()
+    if "<class '" in text:  # "<class '__main__.Block'> could not be deserialized properly"
+        layer = text.split("<class '")[1].split("'>")[0].rsplit(".", 1)[-1]
+        why = "its constructor does not take the config Keras recorded for it"
+    elif text.startswith("Object ") and " was created by passing" in text:
+        layer = text.split()[1]
+        why = "its constructor was given values Keras cannot serialize"
+    else:
+        layer = None
+    if layer:
+        return (f"its layer class {layer} cannot be rebuilt from a config: {why}. Give {layer} "
+                "a get_config() that returns its constructor's arguments and let __init__ take "
+                f"**kwargs (passing them to super().__init__){instead}")
+    return (f"{text.splitlines()[0] if text else type(exc).__name__}. Give its custom layers a "
+            f"get_config() that returns their constructor's arguments{instead}")
 
 
 def _is_graph_model(model: Any) -> bool:
@@ -180,7 +255,7 @@ def rewrap_namespace(
         model = namespace.get(name)
         if not isinstance(model, keras.Model) or not built_outside(model, strategy):
             continue
-        new, copied = rewrap(model, strategy, custom_objects_from(namespace, model))
+        new, copied = rewrap(model, strategy, custom_objects_from(namespace, model), label=name)
         rebound = tuple(sorted(k for k, v in namespace.items() if v is model and not k.startswith("_")))
         for key in rebound:
             namespace[key] = new

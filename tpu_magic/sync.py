@@ -23,7 +23,7 @@ import numpy as np
 from tpu_magic.atomic import atomic_path
 from tpu_magic.backends import on_the_cpu
 from tpu_magic.errors import SyncError
-from tpu_magic.rewrap import custom_objects_from, own_scope
+from tpu_magic.rewrap import custom_objects_from, own_scope, unbuildable
 
 WEIGHTS_SUFFIX = ".weights.h5"  # Keras 3 refuses any other ending for weights files
 PROBE_ROWS = 8
@@ -178,13 +178,16 @@ def variable_batch(config: Any) -> Any:
     return config
 
 
-def cpu_copy(model: Any, custom_objects: Mapping[str, Any]) -> Any:
+def cpu_copy(model: Any, custom_objects: Mapping[str, Any], label: str | None = None) -> Any:
     """The same architecture built outside every strategy on the CPU, compiled if the model was.
+
+    Args:
+        label: the user's name for the model (messages name it), else Keras's name.
 
     Raises:
         SyncError: the model cannot be rebuilt from its config.
     """
-    label = getattr(model, "name", type(model).__name__)
+    label = label or getattr(model, "name", type(model).__name__)
     with own_scope(model):
         try:
             serialized = keras.saving.serialize_keras_object(model)
@@ -212,7 +215,7 @@ def _rebuild(serialized: Any, compile_config: Any, objects: Mapping[str, Any], l
                     pass
     except Exception as exc:  # noqa: BLE001
         raise SyncError(f"model {label!r} ({class_name}) cannot be rebuilt from its "
-                        f"config for the CPU: {exc}") from None
+                        f"config for the CPU: {unbuildable(exc)}") from None
     return new
 
 
@@ -264,7 +267,7 @@ def sync_to_cpu(model: Any, *, name: str, as_name: str,
     if not model.built:
         raise SyncError(f"model {name!r} has no weights yet: train it first")
     weights, averaged, replicas = replica_weights(model)
-    new = cpu_copy(model, custom_objects)
+    new = cpu_copy(model, custom_objects, label=name)
     try:
         new.set_weights(weights)
     except ValueError as exc:
