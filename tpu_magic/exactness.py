@@ -36,7 +36,7 @@ from keras import ops
 MASK, WEIGHT, REAL = "tpu_magic_mask", "tpu_magic_weight", "tpu_magic_real"
 _KERAS_STEPS = ("train_step", "test_step", "compute_loss", "compute_metrics")
 _ENABLED = "_tpu_magic_exact"  # on the model: the loss tracker the overrides were put on
-_REAL_NOW = "_tpu_magic_real_share"  # on the model: REAL of the batch in the step being traced
+_REAL_NOW = "_tpu_magic_real_rows"  # on the model: the real samples' worth of the traced step
 
 
 def is_packed(sample_weight: Any) -> bool:
@@ -93,10 +93,12 @@ def enable(model: Any) -> bool:
         if not is_packed(sample_weight):
             object.__setattr__(model, _REAL_NOW, None)
             return original_loss(x, y, y_pred, sample_weight, training=training)
-        real = sample_weight[REAL]
-        object.__setattr__(model, _REAL_NOW, ops.mean(ops.cast(real, "float32")))
+        real = ops.cast(sample_weight[REAL], "float32")
+        # This step's (replica's) rows times the batch's real share: its real samples' worth.
+        object.__setattr__(model, _REAL_NOW,
+                           ops.cast(ops.shape(real)[0], "float32") * ops.mean(real))
         weight = ops.cast(sample_weight[MASK], "float32") * ops.cast(
-            sample_weight[WEIGHT], "float32") / ops.cast(real, "float32")
+            sample_weight[WEIGHT], "float32") / real
         return original_loss(x, y, y_pred, _per_output(weight, y), training=training)
 
     object.__setattr__(model, "compute_loss", compute_loss)
@@ -113,14 +115,18 @@ def enable(model: Any) -> bool:
 
 
 def _weigh_by_real_samples(model: Any, tracker: Any) -> None:
-    """A loss tracker (a Mean weighted by batch rows) weighs a padded batch by its real rows."""
+    """A loss tracker (a Mean Keras weighs by the batch's rows) weighs a padded batch by its
+    real samples instead.
+
+    Keras passes the rows as a static shape for the per-output trackers, which is None
+    once tf.function relaxes shapes on a retrace (then plain Keras weighs every batch
+    alike); the real samples' worth from `compute_loss` does not depend on it.
+    """
     original = tracker.update_state
 
     def update_state(values, sample_weight=None):
         real = model.__dict__.get(_REAL_NOW)
-        if real is not None and sample_weight is not None:
-            sample_weight = ops.cast(sample_weight, "float32") * real
-        return original(values, sample_weight=sample_weight)
+        return original(values, sample_weight=sample_weight if real is None else real)
 
     object.__setattr__(tracker, "update_state", update_state)
 

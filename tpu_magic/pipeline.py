@@ -123,7 +123,9 @@ def _labelled_loader(x: Any, y: Any, sample_weight: Any, pad: int) -> Callable[[
     def load(index):
         real = index >= 0
         picked = _gather(data, tf.where(real, index, 0))
-        labelled = (picked["x"],) if y is None else (picked["x"], picked["y"])
+        if y is None:  # as Keras gives it: the inputs alone (a custom train_step gets `x`)
+            return picked["x"]
+        labelled = (picked["x"], picked["y"])
         if pad:
             mask = tf.cast(real, tf.float32)
             weight = tf.ones_like(mask) if sample_weight is None else tf.cast(picked["w"], tf.float32)

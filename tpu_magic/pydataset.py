@@ -66,7 +66,9 @@ class PaddedBatches(keras.utils.PyDataset):
 
         if not self.labelled:
             return (pick(self.x),)
-        picked = (pick(self.x),) if self.y is None else (pick(self.x), pick(self.y))
+        if self.y is None:  # as Keras gives it: the inputs alone (a custom train_step gets `x`)
+            return pick(self.x)
+        picked = (pick(self.x), pick(self.y))
         weight = None if self.sample_weight is None else pick(self.sample_weight)
         if self.pad:
             mask = real.astype("float32")

@@ -256,6 +256,7 @@ class TrainingCell:
         if model.steps_per_execution != k:
             model.steps_per_execution = k
             retrace = True
+        _mark_built_without_call(model)
         if exactness.enable(model):
             retrace = True
         if retrace:
@@ -310,6 +311,9 @@ class TrainingCell:
                 (x, y, weights), call["validation_data"] = head, tail
                 call["validation_split"] = 0.0
             weights = self._class_weighted(y, weights, call)
+            if y is None and weights is not None:
+                raise InputError("fit got sample_weight but no targets (y): weights apply to "
+                                 "a loss against targets; pass y, or leave sample_weight out")
             drop = not self._exact(model, y is not None)
             # tf.data repeats (no stall at each epoch start); a PyDataset (JAX) is asked per epoch.
             endless = self.session.backend == "tf" and (
@@ -504,6 +508,21 @@ def _input_builder(backend: str) -> Any:
     from tpu_magic import pipeline
 
     return pipeline
+
+
+def _mark_built_without_call(model: Any) -> None:
+    """A subclassed model with its own train_step and no `call()` (keras-io's VAE) counts as
+    built once its layers are.
+
+    Under a tf.distribute strategy Keras builds an unbuilt model symbolically before `fit`
+    by calling it, and fails there ("does not have a `call()` method"); on one device it
+    never calls it. The model has no variables of its own, so nothing is left unbuilt.
+    """
+    if model.built or type(model).call is not keras.Model.call:
+        return
+    layers = [layer for layer in model._flatten_layers(include_self=False)]
+    if layers and all(layer.built for layer in layers):
+        model.built = True
 
 
 def _is_dataset(data: Any) -> bool:
