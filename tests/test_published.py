@@ -570,3 +570,30 @@ def test_a_trained_model_predicts_any_count_in_a_later_plain_cell(sim8):
     assert "fit" not in sim8.user_ns["untouched"].__dict__
     assert "fit" in sim8.user_ns["model"].__dict__
     assert keras.Model.fit is routing.ORIGINAL["fit"]
+
+
+def test_a_notebook_layer_that_cannot_be_rebuilt_is_a_usage_error_naming_it(sim8):
+    sim8.run_cell(IMPORTS + """
+class Scaled(keras.layers.Layer):
+    def __init__(self, units, scale_fn):
+        super().__init__()
+        self.dense = keras.layers.Dense(units)
+        self.scale_fn = scale_fn
+
+    def call(self, x):
+        return self.scale_fn(self.dense(x))
+
+
+inputs = keras.Input((4,))
+my_model = keras.Model(inputs, Scaled(3, scale_fn=lambda t: t * 2.0)(inputs))
+my_model.compile("adam", "mse")
+before = [w.copy() for w in my_model.get_weights()]
+""")
+    with pytest.raises(UsageError) as error:
+        sim8.run_cell_magic("tpu_train", "--no-progress",
+                            "my_model.fit(np.zeros((16, 4)), np.zeros((16, 3)), verbose=0)")
+    message = str(error.value)
+    assert "'my_model'" in message and "Scaled" in message and "get_config()" in message
+    assert "functional" not in message
+    for got, want in zip(sim8.user_ns["my_model"].get_weights(), sim8.user_ns["before"]):
+        np.testing.assert_array_equal(got, want)

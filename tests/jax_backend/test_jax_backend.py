@@ -142,3 +142,27 @@ class PressCtrlC(keras.callbacks.Callback):
     assert "epoch 1/20" in capsys.readouterr().err
     again = train(ip, "cnn.fit(images[:64], y[:64], batch_size=64)")
     assert again.epochs == 1 and not again.interrupted
+
+
+def test_fit_at_learning_rate_0_equals_evaluate_with_counts_and_no_targets(ip):
+    """Exactness on JAX: fit's history at lr 0 equals evaluate (a partial last batch), count
+    metrics stay whole, a model that trains without targets runs, and a plain later cell
+    still predicts any count."""
+    train(ip, """
+keras.utils.set_random_seed(0)
+dense = keras.Sequential([keras.Input((64,)), keras.layers.Dense(16, activation="relu"),
+                          keras.layers.Dense(1, activation="sigmoid")])
+dense.compile(keras.optimizers.SGD(0.0), "binary_crossentropy",
+              metrics=[keras.metrics.TruePositives(name="tp"), keras.metrics.FalseNegatives(name="fn"),
+                       keras.metrics.TrueNegatives(name="tn"), keras.metrics.FalsePositives(name="fp")])
+odd = (y[:203] % 2).astype("float32")
+h = dense.fit(x[:203], odd, batch_size=32, epochs=1, shuffle=False,
+              class_weight={0: 1.0, 1: 1.0})
+e = dense.evaluate(x[:203], odd, batch_size=32, return_dict=True)
+""")
+    history, evaluation = ip.user_ns["h"].history, ip.user_ns["e"]
+    for key, value in evaluation.items():
+        assert history[key][0] == pytest.approx(value, abs=1e-5), key
+    assert sum(evaluation[k] for k in ("tp", "fn", "tn", "fp")) == 203
+    ip.run_cell("seven = dense.predict(x[:7], verbose=0)")
+    assert ip.user_ns["seven"].shape == (7, 1)
