@@ -597,3 +597,68 @@ before = [w.copy() for w in my_model.get_weights()]
     assert "functional" not in message
     for got, want in zip(sim8.user_ns["my_model"].get_weights(), sim8.user_ns["before"]):
         np.testing.assert_array_equal(got, want)
+
+
+# The TensorFlow TPU guide's Keras example (tensorflow.org/guide/tpu, "Train a model using
+# Keras high-level APIs"): a Conv2D model with L2 regularizers, tf.data datasets batched by
+# 200, sparse categorical cross-entropy from logits. Here the dataset is finite, not
+# repeated, and 203 samples leave a last batch of 3.
+TPU_GUIDE_SETUP = """
+images = np.random.rand(203, 28, 28, 1).astype("float32")
+labels = np.random.randint(0, 10, 203)
+
+def create_model():
+    regularizer = keras.regularizers.L2(1e-5)
+    return keras.Sequential(
+        [keras.layers.Conv2D(8, 3, input_shape=(28, 28, 1), activation="relu",
+                             kernel_regularizer=regularizer),
+         keras.layers.Flatten(),
+         keras.layers.Dense(16, activation="relu", kernel_regularizer=regularizer),
+         keras.layers.Dense(10, kernel_regularizer=regularizer)])
+
+def get_dataset(batch_size, is_training=True):
+    dataset = tf.data.Dataset.from_tensor_slices((images, labels))
+    if is_training:
+        dataset = dataset.shuffle(203, seed=1)
+    return dataset.batch(batch_size)
+"""
+TPU_GUIDE_CELL = """
+model = create_model()
+model.compile(optimizer="adam",
+              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+              metrics=["sparse_categorical_accuracy"])
+batch_size = 200
+train_dataset = get_dataset(batch_size, is_training=True)
+test_dataset = get_dataset(batch_size, is_training=False)
+history = model.fit(train_dataset, epochs=2, validation_data=test_dataset)
+"""
+
+
+def test_tpu_guide_keras_example_with_a_partial_last_dataset_batch(sim8):
+    plain, ours, report = both(sim8, TPU_GUIDE_SETUP, TPU_GUIDE_CELL)
+    same_history_keys(plain, ours)
+    assert report.steps == 4  # 2 epochs of 2 batches (200 + the 3 left, padded)
+    # The dataset's last batch of 3 counts by its 3 samples: fit at lr 0 equals evaluate.
+    sim8.run_cell("model.optimizer.learning_rate = 0.0\n"
+                  "h0 = model.fit(test_dataset, epochs=1, verbose=0)\n"
+                  "e0 = model.evaluate(test_dataset, return_dict=True, verbose=0)")
+    for key, value in sim8.user_ns["e0"].items():
+        assert sim8.user_ns["h0"].history[key][0] == pytest.approx(value, abs=1e-5), key
+    evaluate_equals_cpu_copy(sim8, "model", "images", "labels")
+
+
+def test_an_unseeded_dataset_shuffle_is_left_to_keras_with_a_note(sim8):
+    sim8.run_cell(IMPORTS + TPU_GUIDE_SETUP + """
+tf.random.set_seed(None)
+unseeded = tf.data.Dataset.from_tensor_slices((images, labels)).shuffle(203).batch(200)
+model = create_model()
+model.compile(optimizer="adam",
+              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+""")
+    from tpu_magic import pipeline
+
+    assert pipeline.unseeded_shuffle(sim8.user_ns["unseeded"])
+    assert not pipeline.unseeded_shuffle(sim8.user_ns["get_dataset"](200))
+    report = sim8.run_cell_magic("tpu_train", "--no-progress",
+                                 "model.fit(unseeded, epochs=1, verbose=0)")
+    assert any("shuffles without a seed" in note for note in report.notes)

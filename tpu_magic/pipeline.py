@@ -72,10 +72,7 @@ def _loaded(indices: tf.data.Dataset, load: Callable[[tf.Tensor], Any]) -> tf.da
     were Keras's per-device datasets); for our own per-replica iterators it keeps the
     thread away. Fixed parallelism and a prefetch of two batches keep the device fed.
     """
-    options = tf.data.Options()
-    options.autotune.enabled = False
-    return (indices.map(load, num_parallel_calls=_PARALLEL_LOADS).prefetch(2)
-            .with_options(options))
+    return _without_autotune(indices.map(load, num_parallel_calls=_PARALLEL_LOADS).prefetch(2))
 
 
 def _distributed(indices: tf.data.Dataset, load: Callable[[tf.Tensor], Any], batch: int,
@@ -175,6 +172,79 @@ def predict_pipeline(x: Any, batch: int, strategy: Any = None) -> Pipeline:
     data = _constants(x)
     return Pipeline(_distributed(indices, lambda i: (_gather(data, tf.maximum(i, 0)),), batch,
                                  strategy), steps, samples, pad)
+
+
+def whole_batches(dataset: Any, batch: int, strategy: Any) -> Any:
+    """A user's batched tf.data dataset of (x, y[, sample_weight]), every batch made whole.
+
+    A batch with fewer rows (the last one, without `drop_remainder`) is padded to `batch`
+    and every batch carries `exactness`'s packed sample weight (the user's weights, if
+    any, inside it), so a partial batch splits over the replicas and counts by its real
+    samples. Under a MirroredStrategy with several replicas the result is one pipeline per
+    replica, as for NumPy inputs (see `_distributed`): Keras's own distribution of a
+    dataset made `fit` wait after its last step while freeing its MultiDeviceIterator
+    (measured in benchmarks/bench_tfdata.py). Each replica's pipeline runs the dataset's
+    own steps (its maps, its shuffle) and keeps its rows of every global batch, so a
+    heavy pipeline costs once per replica. Every replica must see the same order, so a
+    dataset with an unseeded shuffle (no seed, no global seed) stays one pipeline that
+    Keras distributes.
+    """
+    def padded(*element):
+        x, y = element[0], element[1]
+        rows = tf.shape(tf.nest.flatten(x)[0])[0]
+        pad = batch - rows
+
+        def fill(t):
+            return tf.pad(t, [[0, pad]] + [[0, 0]] * (len(t.shape) - 1))
+
+        mask = tf.pad(tf.ones([rows], tf.float32), [[0, pad]])
+        weight = tf.ones([batch], tf.float32) if len(element) < 3 else \
+            tf.cast(fill(element[2]), tf.float32)
+        share = tf.fill([batch], tf.cast(rows, tf.float32) / batch)
+        return (tf.nest.map_structure(fill, x), tf.nest.map_structure(fill, y),
+                {MASK: mask, WEIGHT: weight, REAL: share})
+
+    whole = dataset.map(padded, num_parallel_calls=_PARALLEL_LOADS)
+    replicas = getattr(strategy, "num_replicas_in_sync", 1)
+    if replicas <= 1 or type(strategy).__name__ != "MirroredStrategy" or \
+            unseeded_shuffle(dataset):
+        return whole
+    rows = batch // replicas
+
+    def replica_pipeline(context: tf.distribute.InputContext) -> tf.data.Dataset:
+        first = context.input_pipeline_id * rows
+        return _without_autotune(whole.map(lambda *element: tf.nest.map_structure(
+            lambda t: t[first:first + rows], element)).prefetch(2))
+
+    return strategy.distribute_datasets_from_function(replica_pipeline, options=_PER_REPLICA)
+
+
+def _without_autotune(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """tf.data's autotuning off for the whole pipeline (options reach every input): see
+    `_loaded` for why."""
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return dataset.with_options(options)
+
+
+def unseeded_shuffle(dataset: Any) -> bool:
+    """Whether the dataset shuffles with a random seed of its own (seed and seed2 both 0:
+    neither `shuffle(seed=...)` nor `tf.random.set_seed`/`keras.utils.set_random_seed`)."""
+    pending = [dataset]
+    while pending:
+        node = pending.pop()
+        if type(node).__name__ == "_ShuffleDataset" and \
+                int(node._seed) == 0 and int(node._seed2) == 0:
+            return True
+        pending += [n for n in (getattr(node, "_input_dataset", None),) if n is not None]
+        pending += list(getattr(node, "_input_datasets", ()) or ())
+    return False
+
+
+def labelled(dataset: Any) -> bool:
+    """Whether a dataset's elements are (x, y) or (x, y, sample_weight)."""
+    spec = dataset.element_spec
+    return isinstance(spec, tuple) and len(spec) in (2, 3)
 
 
 def dataset_batch_size(dataset: Any) -> int | None:

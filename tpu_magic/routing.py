@@ -87,8 +87,6 @@ def inside_keras() -> Iterator[None]:
 
 def adopt(model: Any, router: Router) -> None:
     """From now on, outside cells too, the model's `fit`/`evaluate`/`predict` go to `router`."""
-    if model.__dict__.get(_ADOPTED) is not None:
-        return
     object.__setattr__(model, _ADOPTED, router)
     for name in METHODS:
         object.__setattr__(model, name, types.MethodType(_DISPATCH[name], model))

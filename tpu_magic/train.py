@@ -113,12 +113,13 @@ class TrainingCell:
         for name, value in list(self.namespace.items()):
             if isinstance(value, keras.Model) and not name.startswith("_") and \
                     built_for(value, self.session.strategy):
-                routing.adopt(value, self._later())
+                self._adopt(value)
 
-    def _later(self) -> "TrainingCell":
-        """The router of an adopted model outside cells: Keras's own output, no flags."""
-        return TrainingCell(self.session, TrainOptions(progress=False), self.namespace,
-                            say=self.say)
+    def _adopt(self, model: Any) -> None:
+        """Outside cells the model keeps routing: Keras's own output, no flags."""
+        if not routing.adopted(model):
+            routing.adopt(model, TrainingCell(self.session, TrainOptions(progress=False),
+                                              self.namespace, say=self.say))
 
     def fit_again(self, last: FitCall, stop_event: threading.Event | None = None) -> TrainReport:
         """Repeats a recorded `fit` from the current weights with this cell's batch and epochs.
@@ -150,7 +151,7 @@ class TrainingCell:
                 "this cell reaches it without naming it. Name it in the cell (tpu_magic rebuilds "
                 "the models a cell names) or build it inside the %%tpu_train cell."
             )
-        routing.adopt(model, self._later())
+        self._adopt(model)
         with self.session.strategy.scope(), routing.inside_keras():
             return getattr(self, "_" + name)(model, call, named)
 
@@ -326,6 +327,8 @@ class TrainingCell:
             self._count_left_out("fit", train)
             call.update(x=train.dataset, y=None, sample_weight=None, batch_size=None, shuffle=False,
                         steps_per_epoch=call.get("steps_per_epoch") or (train.steps if endless else None))
+        elif _is_dataset(x) and not call.get("class_weight"):  # Keras maps class weights in
+            call["x"] = self._whole_dataset(model, x, plan.global_batch)
         self._validation(model, call, named, plan)
         timing = FitTiming(global_batch=batch)
         progress = FitProgress(timing, bar=self.bar if self.options.progress else None,
@@ -405,7 +408,12 @@ class TrainingCell:
 
     def _validation(self, model: Any, call: dict, named: set, plan: BatchPlan) -> None:
         data = call.get("validation_data")
-        if data is None or _is_dataset(data):
+        if data is None:
+            return
+        if _is_dataset(data):
+            from tpu_magic.pipeline import dataset_batch_size
+
+            call["validation_data"] = self._whole_dataset(model, data, dataset_batch_size(data))
             return
         vx, vy, vw = (tuple(data) + (None, None))[:3]
         if not (arrays.is_array_input(vx) and (vy is None or arrays.is_array_input(vy))):
@@ -420,6 +428,25 @@ class TrainingCell:
         self._count_left_out("validation", evaluation)
         call.update(validation_data=evaluation.dataset, validation_batch_size=None,
                     validation_steps=call.get("validation_steps") or evaluation.steps)
+
+    def _whole_dataset(self, model: Any, data: Any, batch: int | None) -> Any:
+        """A user's tf.data dataset of (x, y[, w]) as whole batches with the padding masked
+        out, one pipeline per replica (see `pipeline.whole_batches`), where the model's loss
+        takes the mask; otherwise as it is, for Keras to distribute."""
+        if self.session.backend != "tf" or not batch or \
+                not exactness.masks_reach_loss(model, has_targets=True):
+            return data
+        from tpu_magic import pipeline
+
+        if not pipeline.labelled(data):
+            return data
+        if self.session.replicas > 1 and pipeline.unseeded_shuffle(data):
+            self._note("the dataset shuffles without a seed, so it cannot be split into one "
+                       "pipeline per replica (each would shuffle its own way) and Keras "
+                       "distributes it: freeing its iterator can make fit wait seconds to "
+                       "minutes after the last step. Seed the shuffle, `shuffle(n, seed=1)`, "
+                       "or call keras.utils.set_random_seed(...) before building the dataset.")
+        return pipeline.whole_batches(data, batch, self.session.strategy)
 
     def _class_weighted(self, y: Any, weights: Any, call: dict) -> Any:
         """`class_weight` folded into per-sample weights (Keras's own rule), as Keras does."""
@@ -469,6 +496,8 @@ class TrainingCell:
             self._count_left_out("evaluate", evaluation)
             call.update(x=evaluation.dataset, y=None, sample_weight=None, batch_size=None,
                         steps=call.get("steps") or evaluation.steps)
+        elif _is_dataset(x):
+            call["x"] = self._whole_dataset(model, x, plan.global_batch)
         if self.options.progress:
             call["verbose"] = 0
         wanted_dict = call.get("return_dict", False)

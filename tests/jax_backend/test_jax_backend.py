@@ -166,3 +166,20 @@ e = dense.evaluate(x[:203], odd, batch_size=32, return_dict=True)
     assert sum(evaluation[k] for k in ("tp", "fn", "tn", "fp")) == 203
     ip.run_cell("seven = dense.predict(x[:7], verbose=0)")
     assert ip.user_ns["seven"].shape == (7, 1)
+
+
+def test_a_model_without_targets_gets_whole_batches_of_real_samples(ip):
+    report = train(ip, """
+class Penalty(keras.layers.Layer):
+    def call(self, inputs):
+        self.add_loss(keras.ops.mean(keras.ops.square(inputs)))
+        return inputs
+
+keras.utils.set_random_seed(0)
+squeezer = keras.Sequential([keras.Input((64,)), keras.layers.Dense(8), Penalty()])
+squeezer.compile(keras.optimizers.SGD(0.01))
+history = squeezer.fit(x[:203], epochs=2, batch_size=32)
+""")
+    assert report.left_out == {"fit": 203 - 6 * 32}
+    assert len(ip.user_ns["history"].history["loss"]) == 2
+    assert any("no targets" in note for note in report.notes)
