@@ -37,6 +37,20 @@ def test_the_backend_choice(requested, imported, env, tpu_vm, installed, backend
     assert choice.backend == backend and why in choice.reason
 
 
+@pytest.mark.parametrize("importable, env, tpu_vm, backend, why", [
+    # Colab's TPU image: JAX and Keras, no TensorFlow; --simulate or not, no backend named.
+    ({"jax"}, {}, False, "jax", "TensorFlow cannot be imported here and JAX can"),
+    ({"jax"}, {}, True, "jax", "TensorFlow cannot be imported here and JAX can"),
+    ({"jax"}, {"KERAS_BACKEND": "tensorflow"}, False, "tf", "KERAS_BACKEND=tensorflow"),
+    ({"jax", "tensorflow"}, {}, False, "tf", "the default"),
+    (set(), {}, False, "tf", "the default"),  # neither: connect then says how to install
+])
+def test_auto_takes_jax_where_tensorflow_cannot_be_imported(importable, env, tpu_vm, backend,
+                                                           why):
+    choice = choose_backend("auto", None, env, tpu_vm, JAX, importable=frozenset(importable))
+    assert choice.backend == backend and why in choice.reason
+
+
 @pytest.mark.parametrize("requested, imported, message", [
     ("jax", "tensorflow", "already imported with the tensorflow backend, and a running process "
                           "cannot switch it to jax. Restart the runtime, then run `%tpu_connect "
@@ -71,7 +85,9 @@ def test_the_jax_suite_passes_in_its_own_process():
         if os.environ.get("TPU_MAGIC_JAX") == "required":
             pytest.fail("TPU_MAGIC_JAX=required but jax is not installed: pip install -e '.[jax]'")
         pytest.skip("jax is not installed (pip install -e '.[jax]')")
-    env = dict(os.environ, KERAS_BACKEND="jax")
+    # No backend named: with TensorFlow blocked there, `auto` must choose JAX by itself.
+    env = dict(os.environ)
+    env.pop("KERAS_BACKEND", None)
     env.pop("XLA_FLAGS", None)
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "jax_backend", "--confcutdir=jax_backend"],

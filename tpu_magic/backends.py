@@ -8,10 +8,11 @@ request that contradicts an already imported keras is refused with the fix (rest
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import sys
 from dataclasses import dataclass
-from typing import Iterator, Mapping
+from typing import Collection, Iterable, Iterator, Mapping
 
 from tpu_magic.errors import ConnectError
 
@@ -40,7 +41,8 @@ def imported_keras_backend() -> str | None:
 
 
 def choose_backend(requested: str, keras_backend: str | None, env: Mapping[str, str],
-                   tpu_vm: bool, installed: Mapping[str, str]) -> BackendChoice:
+                   tpu_vm: bool, installed: Mapping[str, str],
+                   importable: Collection[str] | None = None) -> BackendChoice:
     """Decides the backend without importing anything.
 
     Args:
@@ -49,6 +51,8 @@ def choose_backend(requested: str, keras_backend: str | None, env: Mapping[str, 
         env: the environment (`KERAS_BACKEND`).
         tpu_vm: whether this machine shows TPU VM signs.
         installed: installed package versions by distribution name.
+        importable: which of "tensorflow" and "jax" can be imported (None: not known, as if
+            both could).
 
     Raises:
         ConnectError: an unknown backend, or one that contradicts the imported keras.
@@ -69,6 +73,9 @@ def choose_backend(requested: str, keras_backend: str | None, env: Mapping[str, 
         from_env = _FROM_KERAS.get(env.get("KERAS_BACKEND", "").strip().lower())
         if from_env:
             return BackendChoice(from_env, f"KERAS_BACKEND={env['KERAS_BACKEND']}")
+        if importable is not None and "tensorflow" not in importable and "jax" in importable:
+            return BackendChoice("jax", "TensorFlow cannot be imported here and JAX can (as on "
+                                        "Colab's TPU runtimes)")
         if tpu_vm and "tensorflow-tpu" not in installed and "jax" in installed:
             return BackendChoice("jax", "a TPU VM where TensorFlow has no TPU runtime "
                                         "(tensorflow-tpu is not installed) and JAX is")
@@ -79,6 +86,19 @@ def choose_backend(requested: str, keras_backend: str | None, env: Mapping[str, 
             f"cannot switch it to {KERAS_NAME[wanted]}. Restart the runtime, then run "
             f"`%tpu_connect --backend {wanted}` before importing keras.")
     return BackendChoice(wanted, f"--backend {wanted}")
+
+
+def importable_modules(names: Iterable[str] = ("tensorflow", "jax")) -> frozenset[str]:
+    """Which of `names` can be imported, without importing them (an import hook that refuses
+    one counts as 'cannot')."""
+    found = set()
+    for name in names:
+        try:
+            if importlib.util.find_spec(name) is not None:
+                found.add(name)
+        except (ImportError, ValueError):
+            pass
+    return frozenset(found)
 
 
 def select(choice: BackendChoice) -> None:

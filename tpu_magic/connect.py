@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from tpu_magic import probe
-from tpu_magic.backends import choose_backend, imported_keras_backend, select
+from tpu_magic.backends import choose_backend, imported_keras_backend, importable_modules, select
 from tpu_magic.check import installed_versions
 from tpu_magic.deps import require_tensorflow
 from tpu_magic.errors import AddressError, ConnectError
@@ -137,7 +137,7 @@ def connect(
     if simulate is None:
         chosen = resolve_target(target, env, signs)
     choice = choose_backend(backend, imported_keras_backend(), env, signs.tpu_vm,
-                            installed_versions())
+                            installed_versions(), importable_modules())
     if choice.backend == "jax":
         chosen = Target(chosen.kind, chosen.address, f"{chosen.reason}; Keras on JAX "
                                                      f"({choice.reason})", chosen.notes)

@@ -1,8 +1,10 @@
-"""The JAX backend suite: one process with KERAS_BACKEND=jax and 8 simulated CPU devices.
+"""The JAX backend suite: one process on Keras's JAX backend and 8 simulated CPU devices.
 
 It runs in its own process (tests/test_jax.py starts it), because a process has one
 Keras backend. TensorFlow is blocked here: Colab's TPU runtimes ship JAX without it,
 so the JAX path must not need it (Keras's own optional uses of TF see it as missing).
+No backend is named (no KERAS_BACKEND, `%tpu_connect --simulate 8`): `auto` must find
+that TensorFlow cannot be imported and choose JAX, as on Colab's TPU image.
 """
 
 import sys
@@ -27,7 +29,7 @@ sys.meta_path.insert(0, _NoTensorFlow())
 @pytest.fixture(scope="session")
 def ip():
     shell = testing_shell()
-    shell.connected = shell.run_line_magic("tpu_connect", "--backend jax --simulate 8 --no-panel")
+    shell.connected = shell.run_line_magic("tpu_connect", "--simulate 8 --no-panel")
     shell.run_cell("""
 import numpy as np, keras
 from sklearn.datasets import load_digits

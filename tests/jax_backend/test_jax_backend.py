@@ -41,10 +41,11 @@ def test_connect_uses_data_parallel_over_8_devices_and_no_tensorflow(ip):
     assert tpu_magic.session().backend == "jax"
     assert "tensorflow" not in sys.modules
     assert "Keras on JAX" in result.summary()
+    assert "TensorFlow cannot be imported here and JAX can" in result.summary()
 
 
 def test_the_device_check_measures_jax(ip):
-    check = ip.run_line_magic("tpu_connect", "--backend jax --simulate 8 --check --no-panel").check
+    check = ip.run_line_magic("tpu_connect", "--simulate 8 --check --no-panel").check
     assert check.device_count == 8 and check.measured_tflops > 0
     assert "jax" in check.versions
 
