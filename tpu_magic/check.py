@@ -35,6 +35,7 @@ class DeviceCheck:
     matmul_size: int
     measured_tflops: float
     peak_tflops: float | None
+    doctor: tuple[str, ...] = ()  # the runtime doctor's findings, each with its fix
 
     def summary(self) -> str:
         peak = (f" of a nominal {self.peak_tflops:g} TFLOP/s peak "
@@ -48,6 +49,7 @@ class DeviceCheck:
             f"{self.measured_tflops:.3f} TFLOP/s measured{peak}",
         ]
         lines += [f"  warning: {w}" for w in self.warnings]
+        lines += [f"  doctor: {d}" for d in self.doctor]
         return "\n".join(lines)
 
     def _repr_pretty_(self, p, cycle):
@@ -154,7 +156,18 @@ def run_check(s: Session, env: Mapping[str, str] | None = None) -> DeviceCheck:
         warnings=tuple(version_warnings(versions)), dtype=dtype, matmul_size=n,
         measured_tflops=measure(dtype, n),
         peak_tflops=nominal_peak(s.kind, device_type, env),
+        doctor=_doctor(s, env),
     )
+
+
+def _doctor(s: Session, env: Mapping[str, str]) -> tuple[str, ...]:
+    from tpu_magic import doctor
+    from tpu_magic.target import read_machine_signs
+
+    signs = read_machine_signs()
+    runtime = doctor.read_runtime(signs.tpu_vm, bool(signs.gpu_devices), env)
+    return tuple(str(f) for f in doctor.diagnose(runtime, backend=s.backend,
+                                                 wants_tpu=s.kind == "tpu" and not s.simulated))
 
 
 # A backend's view of the session's first device: its type, its memory, and a matmul

@@ -16,7 +16,7 @@ from tpu_magic import probe
 from tpu_magic.backends import choose_backend, imported_keras_backend, importable_modules, select
 from tpu_magic.check import installed_versions
 from tpu_magic.deps import require_tensorflow
-from tpu_magic.errors import AddressError, ConnectError
+from tpu_magic.errors import AddressError, ConnectError, MissingDependencyError
 from tpu_magic.session import Session, session, set_session
 from tpu_magic.target import MachineSigns, Target, parse_grpc_address, read_machine_signs, resolve_target
 
@@ -90,6 +90,39 @@ NO_TPU_FIX = (
 
 
 def connect(
+    target: str = "auto",
+    *,
+    simulate: int | None = None,
+    timeout: float = 30.0,
+    backend: str = "auto",
+    env: Mapping[str, str] | None = None,
+    signs: MachineSigns | None = None,
+    probe_tf: Callable[[str, float], int] = probe.probe_tf_connect,
+) -> ConnectResult:
+    """Connects to the accelerator named by `target` and makes it the session.
+
+    A connect that fails says, after its own reason, what the runtime doctor finds (see
+    `doctor`): the known traps of this runtime, each with its fix. Arguments and errors
+    as for `_connect`.
+    """
+    from tpu_magic import doctor
+
+    env = os.environ if env is None else env
+    signs = read_machine_signs() if signs is None else signs
+    try:
+        return _connect(target, simulate=simulate, timeout=timeout, backend=backend, env=env,
+                        signs=signs, probe_tf=probe_tf)
+    except (ConnectError, MissingDependencyError) as exc:
+        wants_tpu = simulate is None and target.strip().lower() not in ("auto", "cpu", "gpu")
+        findings = doctor.diagnose(doctor.read_runtime(signs.tpu_vm, bool(signs.gpu_devices), env),
+                                   backend=None if backend == "auto" else backend,
+                                   wants_tpu=wants_tpu)
+        if not findings:
+            raise
+        raise type(exc)(str(exc) + doctor.report(findings)) from None
+
+
+def _connect(
     target: str = "auto",
     *,
     simulate: int | None = None,
