@@ -3,7 +3,8 @@
 Every batch has exactly the global batch size (TPUs need static shapes; under
 MirroredStrategy an uneven split fails). The samples that fill the last batch
 are padding, masked out of losses and metrics by `exactness`'s packed sample weight.
-Measured: numpy under 8 replicas stalls at every epoch start; `repeat()` + `steps_per_epoch` + prefetch does not.
+Measured: numpy under 8 replicas stalls at every epoch start; `repeat()` +
+`steps_per_epoch` + prefetch does not.
 """
 
 from __future__ import annotations
@@ -86,15 +87,31 @@ def _distributed(indices: tf.data.Dataset, load: Callable[[tf.Tensor], Any], bat
     which is waited for), and CI once hung there for good. Per-replica pipelines have no
     such wait, and their steps were faster too (16.6 s against 24 s an epoch).
     """
-    replicas = getattr(strategy, "num_replicas_in_sync", 1)
-    if replicas <= 1 or type(strategy).__name__ != "MirroredStrategy":
+    if not _splits_per_replica(strategy):
         return _loaded(indices, load)
-    rows = batch // replicas
+    return _split_over_replicas(lambda keep: _loaded(indices, lambda index: keep(load(index))),
+                                batch, strategy)
+
+
+def _splits_per_replica(strategy: Any) -> bool:
+    """Whether tpu_magic makes one input pipeline per replica: MirroredStrategy, several."""
+    return getattr(strategy, "num_replicas_in_sync", 1) > 1 and \
+        type(strategy).__name__ == "MirroredStrategy"
+
+
+def _split_over_replicas(pipeline: Callable[[Callable[[Any], Any]], tf.data.Dataset],
+                         batch: int, strategy: Any) -> Any:
+    """One pipeline per replica, each keeping its own rows of every global batch.
+
+    `pipeline(keep)` builds a replica's dataset; `keep` cuts a whole batch (any structure)
+    down to that replica's rows. Every pipeline sees the same global order.
+    """
+    rows = batch // strategy.num_replicas_in_sync
 
     def replica_pipeline(context: tf.distribute.InputContext) -> tf.data.Dataset:
-        first = context.input_pipeline_id * rows  # every pipeline sees the same global order
-        return _loaded(indices, lambda index: tf.nest.map_structure(
-            lambda t: t[first:first + rows], load(index)))
+        first = context.input_pipeline_id * rows
+        return pipeline(lambda element: tf.nest.map_structure(
+            lambda t: t[first:first + rows], element))
 
     return strategy.distribute_datasets_from_function(replica_pipeline, options=_PER_REPLICA)
 
@@ -124,13 +141,18 @@ def _labelled_loader(x: Any, y: Any, sample_weight: Any, pad: int) -> Callable[[
             return picked["x"]
         labelled = (picked["x"], picked["y"])
         if pad:
-            mask = tf.cast(real, tf.float32)
-            weight = tf.ones_like(mask) if sample_weight is None else tf.cast(picked["w"], tf.float32)
-            share = tf.fill(tf.shape(mask), tf.reduce_sum(mask) / tf.cast(tf.size(mask), tf.float32))
-            return labelled + ({MASK: mask, WEIGHT: weight, REAL: share},)
+            return labelled + (_packed(tf.cast(real, tf.float32), picked.get("w")),)
         return labelled if sample_weight is None else labelled + (picked["w"],)
 
     return load
+
+
+def _packed(mask: tf.Tensor, weight: tf.Tensor | None) -> dict:
+    """`exactness`'s packed sample weight of a whole batch: its real-sample mask, the user's
+    weights (1 where none), and the batch's share of real samples on every row."""
+    share = tf.fill(tf.shape(mask), tf.reduce_sum(mask) / tf.cast(tf.size(mask), tf.float32))
+    return {MASK: mask, WEIGHT: tf.ones_like(mask) if weight is None else tf.cast(weight, tf.float32),
+            REAL: share}
 
 
 def train_pipeline(x: Any, y: Any, sample_weight: Any, batch: int, shuffle: bool,
@@ -198,25 +220,15 @@ def whole_batches(dataset: Any, batch: int, strategy: Any) -> Any:
             return tf.pad(t, [[0, pad]] + [[0, 0]] * (len(t.shape) - 1))
 
         mask = tf.pad(tf.ones([rows], tf.float32), [[0, pad]])
-        weight = tf.ones([batch], tf.float32) if len(element) < 3 else \
-            tf.cast(fill(element[2]), tf.float32)
-        share = tf.fill([batch], tf.cast(rows, tf.float32) / batch)
         return (tf.nest.map_structure(fill, x), tf.nest.map_structure(fill, y),
-                {MASK: mask, WEIGHT: weight, REAL: share})
+                _packed(mask, fill(element[2]) if len(element) > 2 else None))
 
     whole = dataset.map(padded, num_parallel_calls=_PARALLEL_LOADS)
-    replicas = getattr(strategy, "num_replicas_in_sync", 1)
-    if replicas <= 1 or type(strategy).__name__ != "MirroredStrategy" or \
-            unseeded_shuffle(dataset):
+    if not _splits_per_replica(strategy) or unseeded_shuffle(dataset):
         return whole
-    rows = batch // replicas
-
-    def replica_pipeline(context: tf.distribute.InputContext) -> tf.data.Dataset:
-        first = context.input_pipeline_id * rows
-        return _without_autotune(whole.map(lambda *element: tf.nest.map_structure(
-            lambda t: t[first:first + rows], element)).prefetch(2))
-
-    return strategy.distribute_datasets_from_function(replica_pipeline, options=_PER_REPLICA)
+    return _split_over_replicas(
+        lambda keep: _without_autotune(whole.map(lambda *element: keep(element)).prefetch(2)),
+        batch, strategy)
 
 
 def _without_autotune(dataset: tf.data.Dataset) -> tf.data.Dataset:

@@ -549,7 +549,7 @@ def _mark_built_without_call(model: Any) -> None:
     """
     if model.built or type(model).call is not keras.Model.call:
         return
-    layers = [layer for layer in model._flatten_layers(include_self=False)]
+    layers = list(model._flatten_layers(include_self=False))
     if layers and all(layer.built for layer in layers):
         model.built = True
 
