@@ -156,16 +156,16 @@ def run_check(s: Session, env: Mapping[str, str] | None = None) -> DeviceCheck:
         warnings=tuple(version_warnings(versions)), dtype=dtype, matmul_size=n,
         measured_tflops=measure(dtype, n),
         peak_tflops=nominal_peak(s.kind, device_type, env),
-        doctor=_doctor(s, env),
+        doctor=_doctor(s, env, versions),
     )
 
 
-def _doctor(s: Session, env: Mapping[str, str]) -> tuple[str, ...]:
+def _doctor(s: Session, env: Mapping[str, str], versions: Mapping[str, str]) -> tuple[str, ...]:
     from tpu_magic import doctor
     from tpu_magic.target import read_machine_signs
 
     signs = read_machine_signs()
-    runtime = doctor.read_runtime(signs.tpu_vm, bool(signs.gpu_devices), env)
+    runtime = doctor.read_runtime(signs.tpu_vm, bool(signs.gpu_devices), env, versions)
     return tuple(str(f) for f in doctor.diagnose(runtime, backend=s.backend,
                                                  wants_tpu=s.kind == "tpu" and not s.simulated))
 

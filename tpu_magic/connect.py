@@ -101,39 +101,6 @@ def connect(
 ) -> ConnectResult:
     """Connects to the accelerator named by `target` and makes it the session.
 
-    A connect that fails says, after its own reason, what the runtime doctor finds (see
-    `doctor`): the known traps of this runtime, each with its fix. Arguments and errors
-    as for `_connect`.
-    """
-    from tpu_magic import doctor
-
-    env = os.environ if env is None else env
-    signs = read_machine_signs() if signs is None else signs
-    try:
-        return _connect(target, simulate=simulate, timeout=timeout, backend=backend, env=env,
-                        signs=signs, probe_tf=probe_tf)
-    except (ConnectError, MissingDependencyError) as exc:
-        wants_tpu = simulate is None and target.strip().lower() not in ("auto", "cpu", "gpu")
-        findings = doctor.diagnose(doctor.read_runtime(signs.tpu_vm, bool(signs.gpu_devices), env),
-                                   backend=None if backend == "auto" else backend,
-                                   wants_tpu=wants_tpu)
-        if not findings:
-            raise
-        raise type(exc)(str(exc) + doctor.report(findings)) from None
-
-
-def _connect(
-    target: str = "auto",
-    *,
-    simulate: int | None = None,
-    timeout: float = 30.0,
-    backend: str = "auto",
-    env: Mapping[str, str] | None = None,
-    signs: MachineSigns | None = None,
-    probe_tf: Callable[[str, float], int] = probe.probe_tf_connect,
-) -> ConnectResult:
-    """Connects to the accelerator named by `target` and makes it the session.
-
     Args:
         target: "auto", "local", "grpc://HOST:PORT", a TPU name, "gpu" or "cpu".
         simulate: split the CPU into this many logical devices and replicate over them.
@@ -150,7 +117,30 @@ def _connect(
         AddressError: a malformed target or option.
         ConnectError: the accelerator cannot be reached or set up.
         MissingDependencyError: TensorFlow is not installed.
+
+    A connect that fails says, after its own reason, what the runtime doctor finds (see
+    `doctor`): the known traps of this runtime, each with its fix.
     """
+    from tpu_magic import doctor
+
+    env = os.environ if env is None else env
+    signs = read_machine_signs() if signs is None else signs
+    try:
+        return _connect(target, simulate, timeout, backend, env, signs, probe_tf)
+    except (ConnectError, MissingDependencyError) as exc:
+        wants_tpu = simulate is None and target.strip().lower() not in ("auto", "cpu", "gpu")
+        findings = doctor.diagnose(doctor.read_runtime(signs.tpu_vm, bool(signs.gpu_devices), env),
+                                   backend=None if backend == "auto" else backend,
+                                   wants_tpu=wants_tpu)
+        if not findings:
+            raise
+        raise type(exc)(str(exc) + doctor.report(findings)) from None
+
+
+def _connect(target: str, simulate: int | None, timeout: float, backend: str,
+             env: Mapping[str, str], signs: MachineSigns,
+             probe_tf: Callable[[str, float], int]) -> ConnectResult:
+    """`connect` with its environment and machine signs read."""
     start = time.monotonic()
     if not timeout > 0:
         raise AddressError(f"--timeout {timeout:g} must be a positive number of seconds, e.g. 30")
@@ -165,8 +155,6 @@ def _connect(
                 f"use `%tpu_connect --simulate {simulate}`"
             )
         chosen = Target("cpu", None, f"--simulate {simulate}: {simulate} logical CPU devices")
-    env = os.environ if env is None else env
-    signs = read_machine_signs() if signs is None else signs
     if simulate is None:
         chosen = resolve_target(target, env, signs)
     choice = choose_backend(backend, imported_keras_backend(), env, signs.tpu_vm,

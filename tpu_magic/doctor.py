@@ -123,12 +123,14 @@ def _notebook_service(env: Mapping[str, str]) -> str | None:
     return None
 
 
-def read_runtime(tpu_vm: bool, gpu: bool, env: Mapping[str, str] | None = None) -> Runtime:
-    """This process's `Runtime` (imports nothing heavy)."""
+def read_runtime(tpu_vm: bool, gpu: bool, env: Mapping[str, str] | None = None,
+                 installed: Mapping[str, str] | None = None) -> Runtime:
+    """This process's `Runtime` (imports nothing heavy); `installed` where already read."""
     from tpu_magic.backends import imported_keras_backend
     from tpu_magic.check import installed_versions
 
-    return Runtime(env=dict(os.environ if env is None else env), installed=installed_versions(),
+    return Runtime(env=dict(os.environ if env is None else env),
+                   installed=installed_versions() if installed is None else installed,
                    imported=frozenset(m for m in ("tensorflow", "jax", "keras") if m in sys.modules),
                    keras_backend=imported_keras_backend(), tpu_vm=tpu_vm, gpu=gpu,
                    lock_holder=lock_holder())
