@@ -8,14 +8,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+from tpu_magic.chips import Chip, chip_for, gpu_memory_gib
 from tpu_magic.session import Session
-
-# Nominal dense bf16 peaks in TFLOP/s per device as TensorFlow lists it: one TPU
-# core on v2/v3 (two cores a chip), one chip from v4 on; fp16/bf16 tensor cores on GPUs.
-TPU_PEAKS = {"v2": 22.5, "v3": 61.5, "v4": 275.0, "v5e": 197.0, "v5litepod": 197.0,
-             "v5p": 459.0, "v6e": 918.0}
-GPU_PEAKS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "L4": 121.0,
-             "A10G": 125.0, "A10": 125.0, "T4": 65.0, "V100": 125.0, "P100": 18.7}
 
 PACKAGES = ("tensorflow", "tensorflow-cpu", "tensorflow-tpu", "keras", "jax", "jaxlib", "libtpu")
 
@@ -28,7 +22,7 @@ class DeviceCheck:
     device_type: str
     device_count: int
     replicas: int
-    memory: str | None
+    memory: "Memory | None"
     versions: Mapping[str, str]
     warnings: tuple[str, ...]
     dtype: str
@@ -36,13 +30,24 @@ class DeviceCheck:
     measured_tflops: float
     peak_tflops: float | None
     doctor: tuple[str, ...] = ()  # the runtime doctor's findings, each with its fix
+    chip: Chip | None = None  # the chip's nominal figures, where it is known
+
+    @property
+    def share_of_peak(self) -> float | None:
+        """Measured TFLOP/s as a share of the device's nominal peak."""
+        return self.measured_tflops / self.peak_tflops if self.peak_tflops else None
 
     def summary(self) -> str:
-        peak = (f" of a nominal {self.peak_tflops:g} TFLOP/s peak "
-                f"({100 * self.measured_tflops / self.peak_tflops:.0f} %)"
+        peak = (f" of a nominal {self.peak_tflops:g} TFLOP/s per device "
+                f"({100 * self.share_of_peak:.0f} %)"
                 if self.peak_tflops else " (no nominal peak known for this device)")
+        chip = (f"  chip: {self.chip.name}, nominal {self.chip.peak_tflops:g} TFLOP/s "
+                f"{'bf16' if self.chip.bf16 else 'fp16'} and {self.chip.memory_gib:g} GiB per chip "
+                f"(source: {self.chip.source})" if self.chip else None)
         lines = [
-            f"Device check: {self.device_count} × {self.device_type}, {self.replicas} replicas",
+            f"Device check: {self.device_count} × {self.device_type}, {self.replicas} "
+            f"replica{'s' * (self.replicas != 1)}",
+            *([chip] if chip else []),
             f"  memory: {self.memory or 'not reported by the runtime'}",
             "  versions: " + ", ".join(f"{k} {v}" for k, v in self.versions.items()),
             f"  matmul {self.matmul_size}×{self.matmul_size} {self.dtype}: "
@@ -91,19 +96,6 @@ def version_warnings(versions: Mapping[str, str]) -> list[str]:
     return warnings
 
 
-def nominal_peak(kind: str, device_name: str, env: Mapping[str, str]) -> float | None:
-    """The nominal bf16 peak of a known device, or None."""
-    if kind == "tpu":
-        accel = env.get("TPU_ACCELERATOR_TYPE", "").lower()  # e.g. "v2-8", "v5litepod-1"
-        generation = accel.split("-")[0]
-        return TPU_PEAKS.get(generation)
-    if kind == "gpu":
-        for model, peak in GPU_PEAKS.items():
-            if model in device_name.upper().replace("TESLA ", ""):
-                return peak
-    return None
-
-
 def runs_per_second(run: Callable[[], Any], finish: Callable[[Any], Any],
                     min_seconds: float = 0.3) -> float:
     """Calls `run` (asynchronous work) for at least `min_seconds`, waiting for every 4th result."""
@@ -129,35 +121,118 @@ def measure_matmul(tf: Any, device: str, dtype: str, n: int, min_seconds: float 
     return 2.0 * n ** 3 * rate / 1e12
 
 
-def device_memory(tf: Any, kind: str, device: str) -> str | None:
-    if kind in ("gpu", "tpu"):
-        try:
-            info = tf.config.experimental.get_memory_info(device.lstrip("/").upper())
-        except (ValueError, RuntimeError, tf.errors.OpError):
-            return None
-        return f"{info['current'] / 2**30:.2f} GiB in use, peak {info['peak'] / 2**30:.2f} GiB"
+@dataclass(frozen=True)
+class Memory:
+    """A device's memory: what is in use against what there is.
+
+    Attributes:
+        in_use_gib / peak_gib: allocated now and at most so far, where the runtime says.
+        total_gib: the memory there is; `total_from` says whose figure it is: "runtime"
+            (the allocator's limit), "nominal" (the chip table) or "host" (the CPU's RAM).
+    """
+
+    in_use_gib: float | None
+    total_gib: float | None
+    total_from: str = "runtime"
+    peak_gib: float | None = None
+
+    def __str__(self) -> str:
+        total = (f"{self.total_gib:.2f} GiB" + {"nominal": " (the chip's nominal HBM)",
+                                                "host": " host RAM"}.get(self.total_from, "")
+                 if self.total_gib is not None else None)
+        if self.in_use_gib is None:
+            return total or "not reported by the runtime"
+        text = f"{self.in_use_gib:.2f} GiB in use" + (f" of {total}" if total else "")
+        if self.in_use_gib is not None and self.total_gib:
+            text += f" ({100 * self.in_use_gib / self.total_gib:.0f} %)"
+        return text + (f", peak {self.peak_gib:.2f} GiB" if self.peak_gib is not None else "")
+
+
+def memory_of(in_use: int | None, limit: int | None, peak: int | None,
+              chip: Chip | None, device_name: str = "") -> Memory | None:
+    """`Memory` from a runtime's byte counts, the total from the chip table where it gives none."""
+    gib = 2.0 ** 30
+    if limit:
+        total, source = limit / gib, "runtime"
+    elif chip is not None:
+        total = (gpu_memory_gib(chip, device_name) if chip.kind == "gpu"
+                 else chip.device_memory_gib)
+        source = "nominal"
+    else:
+        total, source = None, "runtime"
+    if in_use is None and total is None:
+        return None
+    return Memory(None if in_use is None else in_use / gib, total, source,
+                  None if peak is None else peak / gib)
+
+
+def host_memory() -> Memory | None:
+    """The CPU's RAM (a CPU device's memory)."""
     try:
         pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError):
         return None
-    return f"host RAM {pages * size / 2**30:.1f} GiB"
+    return Memory(None, pages * size / 2**30, "host")
+
+
+@dataclass(frozen=True)
+class DeviceView:
+    """A backend's view of the session's first device.
+
+    Attributes:
+        name: as the runtime names it ("TPU v5 lite", "Tesla T4", "CPU (simulated TPU core)").
+        chip: its nominal figures, where the name is a known chip.
+        memory: in use against total, where known.
+        measure: `measure(dtype, n)`: TFLOP/s of n×n matmuls on it.
+    """
+
+    name: str
+    chip: Chip | None
+    memory: Memory | None
+    measure: Callable[[str, int], float]
 
 
 def run_check(s: Session, env: Mapping[str, str] | None = None) -> DeviceCheck:
     """Lists the devices and library versions and measures matmul throughput."""
     env = os.environ if env is None else env
-    probe = _jax_device if s.backend == "jax" else _tf_device
-    device_type, memory, measure = probe(s, env)
+    view = device_view(s, env)
     dtype, n = ("bfloat16", 4096) if s.kind in ("tpu", "gpu") else ("float32", 1024)
     versions = installed_versions()
     return DeviceCheck(
-        kind=s.kind, device_type=device_type, device_count=max(len(s.devices), 1),
-        replicas=s.replicas, memory=memory, versions=versions,
+        kind=s.kind, device_type=view.name, device_count=max(len(s.devices), 1),
+        replicas=s.replicas, memory=view.memory, versions=versions,
         warnings=tuple(version_warnings(versions)), dtype=dtype, matmul_size=n,
-        measured_tflops=measure(dtype, n),
-        peak_tflops=nominal_peak(s.kind, device_type, env),
-        doctor=_doctor(s, env, versions),
+        measured_tflops=view.measure(dtype, n),
+        peak_tflops=view.chip.device_peak_tflops if view.chip else None,
+        doctor=_doctor(s, env, versions), chip=view.chip,
     )
+
+
+def device_view(s: Session, env: Mapping[str, str] | None = None) -> DeviceView:
+    """The session's first device: name, chip, memory and a matmul measurement."""
+    env = os.environ if env is None else env
+    return (_jax_device if s.backend == "jax" else _tf_device)(s, env)
+
+
+def device_name(kind: str, runtime_name: str, simulated: bool, env: Mapping[str, str]) -> str:
+    """The device's name for people: the runtime's, with the TPU VM's accelerator type."""
+    if simulated:
+        return "CPU (simulated TPU core)"
+    accelerator = env.get("TPU_ACCELERATOR_TYPE", "")  # e.g. "v5litepod-8", "v6e-1", "v2-8"
+    if kind == "tpu":
+        name = runtime_name if runtime_name.upper().startswith("TPU") else "TPU"
+        return f"{name} ({accelerator})" if accelerator else name
+    return runtime_name or kind.upper()
+
+
+def chip_named(kind: str, name: str, env: Mapping[str, str]) -> Chip | None:
+    """The chip for a device: from its name, or on a TPU from the accelerator type."""
+    if kind not in ("tpu", "gpu"):
+        return None
+    chip = chip_for(name.split(" (")[0])
+    if chip is None and kind == "tpu":
+        chip = chip_for(env.get("TPU_ACCELERATOR_TYPE", ""))
+    return chip if chip is not None and chip.kind == kind else None
 
 
 def _doctor(s: Session, env: Mapping[str, str], versions: Mapping[str, str]) -> tuple[str, ...]:
@@ -170,34 +245,38 @@ def _doctor(s: Session, env: Mapping[str, str], versions: Mapping[str, str]) -> 
                                                  wants_tpu=s.kind == "tpu" and not s.simulated))
 
 
-# A backend's view of the session's first device: its type, its memory, and a matmul
-# measurement `measure(dtype, n) -> TFLOP/s`.
-_Device = tuple[str, "str | None", Callable[[str, int], float]]
-
-
-def _tf_device(s: Session, env: Mapping[str, str]) -> _Device:
+def _tf_device(s: Session, env: Mapping[str, str]) -> DeviceView:
     import tensorflow as tf  # the session exists, so TensorFlow is importable
 
     device = s.devices[0] if s.devices else "/cpu:0"
-    device_type = "CPU (simulated TPU core)" if s.simulated else s.kind.upper()
+    runtime_name = ""
     if s.kind == "gpu":
         details = tf.config.experimental.get_device_details(tf.config.list_physical_devices("GPU")[0])
-        device_type = details.get("device_name", "GPU")
-    elif s.kind == "tpu":
-        device_type = f"TPU {env.get('TPU_ACCELERATOR_TYPE', '')}".strip()
-    return (device_type, device_memory(tf, s.kind, device),
-            lambda dtype, n: measure_matmul(tf, device, dtype, n))
+        runtime_name = details.get("device_name", "GPU")
+    name = device_name(s.kind, runtime_name, s.simulated, env)
+    chip = chip_named(s.kind, name, env)
+    memory = host_memory() if s.kind == "cpu" else None
+    if s.kind in ("gpu", "tpu"):
+        try:
+            info = tf.config.experimental.get_memory_info(device.lstrip("/").upper())
+            memory = memory_of(info["current"], None, info["peak"], chip, name)
+        except (ValueError, RuntimeError, tf.errors.OpError):
+            memory = memory_of(None, None, None, chip, name)
+    return DeviceView(name, chip, memory, lambda dtype, n: measure_matmul(tf, device, dtype, n))
 
 
-def _jax_device(s: Session, env: Mapping[str, str]) -> _Device:
+def _jax_device(s: Session, env: Mapping[str, str]) -> DeviceView:
     import jax
 
     from tpu_magic import jax_backend
 
     device = jax.devices(s.kind)[0]
-    device_type = ("CPU (simulated TPU core)" if s.simulated
-                   else f"TPU {env.get('TPU_ACCELERATOR_TYPE', '')}".strip() if s.kind == "tpu"
-                   else getattr(device, "device_kind", s.kind.upper()))
-    memory = jax_backend.device_memory(device) or (
-        device_memory(None, "cpu", "") if s.kind == "cpu" else None)
-    return device_type, memory, lambda dtype, n: jax_backend.measure_matmul(device, dtype, n)
+    name = device_name(s.kind, getattr(device, "device_kind", ""), s.simulated, env)
+    chip = chip_named(s.kind, name, env)
+    if s.kind == "cpu":
+        memory = host_memory()
+    else:
+        in_use, limit, peak = jax_backend.memory_bytes(device)
+        memory = memory_of(in_use, limit, peak, chip, name)
+    return DeviceView(name, chip, memory,
+                      lambda dtype, n: jax_backend.measure_matmul(device, dtype, n))

@@ -85,19 +85,14 @@ def jax_session(chosen: Target, simulate: int | None, explicit_gpu: bool) -> tup
                    backend="jax"), chosen
 
 
-def device_memory(device: Any) -> str | None:
-    """Memory in use on one device, where the runtime reports it (TPUs and GPUs do)."""
+def memory_bytes(device: Any) -> tuple[int | None, int | None, int | None]:
+    """(in use, limit, peak) bytes on one device, where the runtime reports them (TPUs, GPUs)."""
     try:
         stats = device.memory_stats()
     except Exception:  # noqa: BLE001 - CPU devices raise or return None
-        return None
-    if not stats or "bytes_in_use" not in stats:
-        return None
-    limit = stats.get("bytes_limit")
-    return (f"{stats['bytes_in_use'] / 2**30:.2f} GiB in use"
-            + (f" of {limit / 2**30:.2f} GiB" if limit else "")
-            + (f", peak {stats['peak_bytes_in_use'] / 2**30:.2f} GiB"
-               if "peak_bytes_in_use" in stats else ""))
+        return None, None, None
+    stats = stats or {}
+    return stats.get("bytes_in_use"), stats.get("bytes_limit"), stats.get("peak_bytes_in_use")
 
 
 def measure_matmul(device: Any, dtype: str, n: int, min_seconds: float = 0.3) -> float:

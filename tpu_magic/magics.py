@@ -223,22 +223,12 @@ def _device_line(current) -> str:
     """kind · replicas · memory, for the panel."""
     kind = (f"simulated {current.replicas}-core TPU on the CPU" if current.simulated
             else current.kind.upper())
-    if current.backend == "jax":
-        import jax
+    from tpu_magic.check import device_view
 
-        from tpu_magic.jax_backend import device_memory
-
-        memory = device_memory(jax.devices(current.kind)[0])
-    else:
-        import tensorflow as tf
-
-        from tpu_magic.check import device_memory
-
-        memory = device_memory(tf, current.kind,
-                               current.devices[0] if current.devices else "/cpu:0")
+    memory = device_view(current).memory
     parts = [kind, f"{type(current.strategy).__name__}, {current.replicas} "
                    f"replica{'s' * (current.replicas != 1)}"]
-    return " · ".join(parts + ([memory] if memory else []))
+    return " · ".join(parts + ([str(memory)] if memory else []))
 
 
 def _progress_bar():

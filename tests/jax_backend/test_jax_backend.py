@@ -184,3 +184,32 @@ history = squeezer.fit(x[:203], epochs=2, batch_size=32)
     assert report.left_out == {"fit": 203 - 6 * 32}
     assert len(ip.user_ns["history"].history["loss"]) == 2
     assert any("no targets" in note for note in report.notes)
+
+
+def test_a_single_chip_tpu_is_one_replica_with_tpu_advice(ip, monkeypatch):
+    """Colab's v5e-1: `local` on a TPU VM without TensorFlow, one TPU device (here a CPU one)."""
+    import jax
+
+    from tpu_magic import connect as connecting
+    from tpu_magic.session import set_session
+    from tpu_magic.target import MachineSigns
+
+    one_chip = jax.devices("cpu")[:1]
+    real_devices = jax.devices
+    monkeypatch.setattr(jax, "devices", lambda kind=None: one_chip if kind == "tpu"
+                        else real_devices(kind))
+    rehearsal = tpu_magic.session()
+    env = {"TPU_ACCELERATOR_TYPE": "v5litepod-1", "COLAB_RELEASE_TAG": "release-colab_2026"}
+    try:
+        result = connecting.connect("local", env=env,
+                                    signs=MachineSigns(accel_devices=("/dev/accel0",)))
+        assert (result.kind, result.replicas, result.backend) == ("tpu", 1, "jax")
+        assert "1 replica (" in result.summary()
+        report = train(ip, CNN + "cnn.fit(images[:300], y[:300], batch_size=100, epochs=1, "
+                                 "validation_data=(images[300:313], y[300:313]))")
+        assert (report.replicas, report.global_batch, report.per_replica) == (1, 100, 100)
+        assert any("100 samples per replica (batch_size 100 / 1) is not a multiple of 8" in n
+                   and "(128 per replica, 128, is a good start)" in n for n in report.notes)
+        assert np.isfinite(report.metrics["val_loss"])
+    finally:
+        set_session(rehearsal)
