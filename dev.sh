@@ -44,9 +44,15 @@ case "${1:-}" in
       -p 'CONNECT="--simulate 8"' -p OFFLINE=True -p SAMPLES=1536 -p EPOCHS=2 "$@"
     ;;
   examples)
+    # Every notebook twice: with TensorFlow (auto takes it), then as on Colab's TPU image,
+    # where TensorFlow cannot be imported (tests/without_tensorflow) and auto takes JAX.
     setup
     shift
     "$VENV/bin/python" examples/run_notebook.py examples/*.ipynb \
+      -p 'CONNECT="--simulate 8"' -p OFFLINE=True -p SAMPLES=512 -p EPOCHS=1 "$@"
+    echo "dev.sh: the same notebooks with TensorFlow blocked (Keras on JAX, no backend named)"
+    PYTHONPATH=tests/without_tensorflow \
+      "$VENV/bin/python" examples/run_notebook.py examples/*.ipynb \
       -p 'CONNECT="--simulate 8"' -p OFFLINE=True -p SAMPLES=512 -p EPOCHS=1 "$@"
     ;;
   test)

@@ -16,7 +16,12 @@ setup(
     extras_require={
         "tf": [f"tensorflow{TF_VERSION}"],
         "cpu": [f"tensorflow-cpu{TF_VERSION}"],
-        "tpu": [f"tensorflow-tpu{TF_VERSION}"],
+        # A TPU VM (Colab v5e-1/v6e-1, Kaggle v5e-8/v6e-8, Cloud TPU VMs): Keras on JAX.
+        # Colab's and Kaggle's images already have it; nothing beyond tpu_magic is needed there.
+        "tpu": ["jax[tpu]>=0.4.30"],
+        # TensorFlow's own TPU build, for `--backend tf` on a TPU VM without JAX (never beside
+        # JAX's libtpu: the two take the same chips).
+        "tf-tpu": [f"tensorflow-tpu{TF_VERSION}"],
         "test": ["pytest>=8", "pytest-timeout", "hypothesis", "scikit-learn", "nbclient", "nbformat", "ipykernel"],
         # The panel's real-browser test drives Debian's chromium (apt), not a downloaded one.
         "browser": ["jupyterlab>=4", "playwright>=1.40"],

@@ -80,7 +80,7 @@ def test_jax_after_keras_started_on_tensorflow_says_to_restart(ip):
         ip.run_line_magic("tpu_connect", "--backend jax --simulate 8 --no-panel")
 
 
-def test_the_jax_suite_passes_in_its_own_process():
+def test_the_jax_suite_passes_in_its_own_process(tmp_path):
     if importlib.util.find_spec("jax") is None:
         if os.environ.get("TPU_MAGIC_JAX") == "required":
             pytest.fail("TPU_MAGIC_JAX=required but jax is not installed: pip install -e '.[jax]'")
@@ -89,6 +89,8 @@ def test_the_jax_suite_passes_in_its_own_process():
     env = dict(os.environ)
     env.pop("KERAS_BACKEND", None)
     env.pop("XLA_FLAGS", None)
+    env["PYTHONPATH"] = str(HERE / "without_tensorflow")  # TensorFlow blocked
+    env["TPU_MAGIC_COMPILE_CACHE"] = str(tmp_path / "compile_cache")
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "jax_backend", "--confcutdir=jax_backend"],
         cwd=HERE, env=env, capture_output=True, text=True, timeout=600)

@@ -74,11 +74,11 @@ def choose_backend(requested: str, keras_backend: str | None, env: Mapping[str, 
         if from_env:
             return BackendChoice(from_env, f"KERAS_BACKEND={env['KERAS_BACKEND']}")
         if importable is not None and "tensorflow" not in importable and "jax" in importable:
-            return BackendChoice("jax", "TensorFlow cannot be imported here and JAX can (as on "
-                                        "Colab's TPU runtimes)")
+            return BackendChoice("jax", "TensorFlow cannot be imported here and JAX can, as on "
+                                        "Colab's TPU runtimes")
         if tpu_vm and "tensorflow-tpu" not in installed and "jax" in installed:
             return BackendChoice("jax", "a TPU VM where TensorFlow has no TPU runtime "
-                                        "(tensorflow-tpu is not installed) and JAX is")
+                                        "(no tensorflow-tpu) and JAX has, as on Kaggle's TPUs")
         return BackendChoice("tf", "the default")
     if imported and imported != wanted:
         raise ConnectError(

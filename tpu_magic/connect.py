@@ -82,9 +82,11 @@ tpu_runtime = TpuRuntime()
 _initialized_tpu: str | None = None
 
 NO_TPU_FIX = (
-    "No TPU is attached to this runtime. In Colab: Runtime > Change runtime type > a TPU, "
-    "then `%tpu_connect local`. On a TPU VM, TensorFlow needs its TPU build: "
-    "`pip install tensorflow-tpu` (same version as tensorflow), then restart. "
+    "No TPU is attached to this runtime. In Colab: Runtime > Change runtime type > a TPU "
+    "(Kaggle: Settings > Accelerator > TPU), then `%tpu_connect local`. On a TPU VM today's "
+    "TPU path is JAX (`pip install \"jax[tpu]\"`, then `%tpu_connect local --backend jax`); "
+    "TensorFlow there needs its TPU build instead (`pip install tensorflow-tpu`, same version "
+    "as tensorflow, never beside JAX's libtpu), then restart. "
     "To rehearse without a TPU: `%tpu_connect --simulate 8`."
 )
 
@@ -95,6 +97,7 @@ def connect(
     simulate: int | None = None,
     timeout: float = 30.0,
     backend: str = "auto",
+    compile_cache: str | None = None,
     env: Mapping[str, str] | None = None,
     signs: MachineSigns | None = None,
     probe_tf: Callable[[str, float], int] = probe.probe_tf_connect,
@@ -106,6 +109,8 @@ def connect(
         simulate: split the CPU into this many logical devices and replicate over them.
         timeout: seconds a TPU node may take to answer.
         backend: the Keras backend, "tf", "jax" or "auto" (see `backends.choose_backend`).
+        compile_cache: JAX's persistent compilation cache: a directory, "off", or None to
+            choose one that outlives the process (see `compile_cache`); JAX only.
         env: environment to decide `auto` from (default `os.environ`).
         signs: machine signs for `auto` (default: read from this machine).
         probe_tf: the bounded TensorFlow connect check for TPU nodes.
@@ -126,7 +131,7 @@ def connect(
     env = os.environ if env is None else env
     signs = read_machine_signs() if signs is None else signs
     try:
-        return _connect(target, simulate, timeout, backend, env, signs, probe_tf)
+        return _connect(target, simulate, timeout, backend, compile_cache, env, signs, probe_tf)
     except (ConnectError, MissingDependencyError) as exc:
         wants_tpu = simulate is None and target.strip().lower() not in ("auto", "cpu", "gpu")
         findings = doctor.diagnose(doctor.read_runtime(signs.tpu_vm, bool(signs.gpu_devices), env),
@@ -138,7 +143,7 @@ def connect(
 
 
 def _connect(target: str, simulate: int | None, timeout: float, backend: str,
-             env: Mapping[str, str], signs: MachineSigns,
+             compile_cache: str | None, env: Mapping[str, str], signs: MachineSigns,
              probe_tf: Callable[[str, float], int]) -> ConnectResult:
     """`connect` with its environment and machine signs read."""
     start = time.monotonic()
@@ -170,7 +175,8 @@ def _connect(target: str, simulate: int | None, timeout: float, backend: str,
     if choice.backend == "jax":
         from tpu_magic.jax_backend import jax_session
 
-        new, chosen = jax_session(chosen, simulate, explicit_gpu=target.strip().lower() == "gpu")
+        new, chosen = jax_session(chosen, simulate, explicit_gpu=target.strip().lower() == "gpu",
+                                  compile_cache=compile_cache, env=env)
         set_session(new)
         return _result(new, chosen, start)
     if chosen.kind == "tpu" and _initialized_tpu not in (None, chosen.address):

@@ -10,8 +10,9 @@ from tpu_magic.errors import MissingDependencyError
 TENSORFLOW_FIX = (
     "TensorFlow is not installed. Install one flavour: "
     "`pip install tensorflow` (CPU and GPU; `tensorflow[and-cuda]` for CUDA), "
-    "`pip install tensorflow-cpu` (smaller, CPU only), or on a TPU VM "
-    "`pip install tensorflow-tpu`; or `pip install \"tpu_magic[tf]\"`. Then restart the runtime."
+    "`pip install tensorflow-cpu` (smaller, CPU only); or `pip install \"tpu_magic[tf]\"`. "
+    "Then restart the runtime. On a TPU VM (Colab's and Kaggle's TPUs) no TensorFlow is "
+    "needed: tpu_magic trains on JAX there (`%tpu_connect --backend jax`)."
 )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any
+from typing import Any, Mapping
 
 from tpu_magic.check import runs_per_second
 from tpu_magic.errors import ConnectError, MissingDependencyError
@@ -37,8 +37,13 @@ def host_device_flags(flags: str, n: int) -> str:
     return " ".join(kept + [f"--xla_force_host_platform_device_count={n}"])
 
 
-def jax_session(chosen: Target, simulate: int | None, explicit_gpu: bool) -> tuple[Session, Target]:
-    """Connects through JAX and sets Keras's global distribution.
+def jax_session(chosen: Target, simulate: int | None, explicit_gpu: bool,
+                compile_cache: str | None = None,
+                env: Mapping[str, str] | None = None) -> tuple[Session, Target]:
+    """Connects through JAX and makes Keras's `DataParallel` over the devices.
+
+    `compile_cache` (a directory, "off", or None to choose) sets JAX's persistent
+    compilation cache (see `compile_cache`); where it went is one of the notes.
 
     Raises:
         ConnectError: no such device here, or JAX already started with another CPU split.
@@ -80,9 +85,21 @@ def jax_session(chosen: Target, simulate: int | None, explicit_gpu: bool) -> tup
     # In force only inside %%tpu_train cells (its `scope()`), like a tf.distribute strategy:
     # a global distribution would also split every batch of the user's other models.
     distribution = keras.distribution.DataParallel(devices=list(devices))
+    chosen = Target(chosen.kind, chosen.address, chosen.reason,
+                    chosen.notes + (_cache_note(compile_cache, os.environ if env is None else env),))
     return Session(target=target, kind=kind, replicas=len(devices), strategy=distribution,
                    simulated=simulate is not None, devices=tuple(str(d) for d in devices),
                    backend="jax"), chosen
+
+
+def _cache_note(setting: str | None, env: Mapping[str, str]) -> str:
+    from tpu_magic import compile_cache
+    from tpu_magic.check import installed_versions
+
+    try:
+        return compile_cache.enable(setting, env, installed_versions()).note()
+    except OSError as exc:
+        return f"JAX's compilation cache is off: its directory cannot be made ({exc})"
 
 
 def memory_bytes(device: Any) -> tuple[int | None, int | None, int | None]:

@@ -52,6 +52,9 @@ class TpuMagics(Magics, Configurable):
     @argument("--backend", default="auto", metavar="tf|jax|auto",
               help="the Keras backend (default auto: an imported keras's, KERAS_BACKEND, jax on a "
                    "TPU VM without tensorflow-tpu, else tf); set before keras is imported")
+    @argument("--compile-cache", metavar="DIR|off",
+              help="JAX backend: keep compiled programs in DIR (default: a mounted Drive, "
+                   "/kaggle/working or ~/.cache/tpu_magic/jax; TPU_MAGIC_COMPILE_CACHE), or off")
     @argument("--no-panel", action="store_true", help="text output only, no widget panel")
     @line_magic
     @usage_errors
@@ -69,7 +72,7 @@ class TpuMagics(Magics, Configurable):
         with tensorflow_info_silenced():
             result = connect(
                 args.target, simulate=args.simulate, backend=args.backend,
-                timeout=self.timeout if args.timeout is None else args.timeout,
+                compile_cache=args.compile_cache, timeout=self.timeout if args.timeout is None else args.timeout,
             )
         if args.check:
             result = replace(result, check=run_check(session()))

@@ -26,6 +26,8 @@ class TrainReport:
         rewrapped / notes: what tpu_magic changed or advises.
         checkpoints: the checkpoint files written (--checkpoint), oldest first.
         resumed_from: the checkpoint training continued from (--resume).
+        xla_compile: on the JAX backend, the last `fit`'s XLA compilations: programs from
+            JAX's persistent cache and programs compiled, and the seconds they took.
         left_out: samples left out of a pass ("fit" per epoch, "validation", "evaluate") for
             a model whose loss cannot skip padding (it gets whole batches of real samples).
     """
@@ -51,6 +53,7 @@ class TrainReport:
     checkpoints: list[str] = field(default_factory=list)
     resumed_from: str | None = None
     left_out: dict[str, int] = field(default_factory=dict)
+    xla_compile: Any = None  # a `compile_cache.CompileCounts`
     seconds: float = 0.0
 
     def summary(self) -> str:
@@ -62,7 +65,9 @@ class TrainReport:
                          f"{self.epochs} epoch{'s' * (self.epochs != 1)}"
                          + (" — interrupted, weights kept" if self.interrupted else ""))
             if self.compile_seconds is not None:
-                lines.append(f"  compile (first step): {self.compile_seconds:.2f} s")
+                xla = self.xla_compile.describe() if self.xla_compile is not None else None
+                lines.append(f"  compile (first step): {self.compile_seconds:.2f} s"
+                             + (f"; {xla}" if xla else ""))
             if self.samples_per_second:
                 lines.append(f"  steady state: {self.samples_per_second:,.0f} samples/s")
             if self.epoch_seconds:

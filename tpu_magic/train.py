@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator, MutableMapping
 
 import keras
 
-from tpu_magic import arrays, exactness, routing
+from tpu_magic import arrays, compile_cache, exactness, routing
 from tpu_magic.batching import BatchPlan, plan_batches, scaled_learning_rate
 from tpu_magic.checkpoint import Checkpoint, CheckpointStore, Checkpointing
 from tpu_magic.errors import BatchSizeError, CheckpointError, InputError, RewrapError
@@ -343,6 +343,7 @@ class TrainingCell:
         if self.options.progress:
             call["verbose"] = 0
         interrupted, failure = False, None
+        compiled_before = compile_cache.counts()
         with _stop_on_interrupt(model) as stop:
             try:
                 history = _ORIGINAL["fit"](model, **call)
@@ -355,6 +356,8 @@ class TrainingCell:
         stopped = self.stop_event is not None and self.stop_event.is_set()
         interrupted = interrupted or stop.requested or stopped or failure is not None
         self._record_fit(recorded, plan, timing, history, interrupted)
+        if compiled_before is not None:
+            self.report.xla_compile = compile_cache.counts() - compiled_before
         if saver is not None:
             self._record_checkpoints(saver)
         if failure is not None:

@@ -7,6 +7,7 @@ No backend is named (no KERAS_BACKEND, `%tpu_connect --simulate 8`): `auto` must
 that TensorFlow cannot be imported and choose JAX, as on Colab's TPU image.
 """
 
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -16,14 +17,10 @@ sys.path.insert(0, str(Path(__file__).parent.parent))  # tests/: the shared shel
 from shell import testing_shell  # noqa: E402
 
 
-class _NoTensorFlow:
-    def find_spec(self, name, path=None, target=None):
-        if name == "tensorflow" or name.startswith("tensorflow."):
-            raise ImportError("tensorflow is blocked in the JAX suite")
-        return None
-
-
-sys.meta_path.insert(0, _NoTensorFlow())
+# TensorFlow blocked, as on Colab's TPU image (test_jax.py also puts this on PYTHONPATH).
+_blocker = importlib.util.spec_from_file_location(
+    "no_tensorflow", Path(__file__).parent.parent / "without_tensorflow" / "sitecustomize.py")
+_blocker.loader.exec_module(importlib.util.module_from_spec(_blocker))
 
 
 @pytest.fixture(scope="session")

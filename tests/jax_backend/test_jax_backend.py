@@ -50,10 +50,12 @@ def test_the_device_check_measures_jax(ip):
     assert "jax" in check.versions
 
 
-def test_the_seed_cnn_trains_with_a_partial_last_batch(ip):
+def test_the_seed_cnn_trains_with_a_partial_last_batch(ip, tmp_path):
     report = train(ip, CNN + "cnn.fit(images[:1000], y[:1000], batch_size=128, epochs=2, "
-                             "validation_data=(images[1000:1013], y[1000:1013]))")
+                             "validation_data=(images[1000:1013], y[1000:1013]))",
+                   f"--no-progress --checkpoint {tmp_path}")
     assert report.strategy == "DataParallel" and report.epochs == 2
+    assert len(report.checkpoints) == 2 and "tensorflow" not in sys.modules
     assert report.global_batch == 128 and report.per_replica == 16
     assert np.isfinite(report.metrics["loss"]) and "val_loss" in report.metrics
 
@@ -213,3 +215,28 @@ def test_a_single_chip_tpu_is_one_replica_with_tpu_advice(ip, monkeypatch):
         assert np.isfinite(report.metrics["val_loss"])
     finally:
         set_session(rehearsal)
+
+
+def test_the_panel_trains_syncs_and_saves_by_click_without_tensorflow(ip, tmp_path):
+    connected = ip.run_line_magic("tpu_connect", "--simulate 8")  # with its panel this time
+    panel = tpu_magic.session().panel
+    assert connected.reused and "8 replicas" in panel.device.value
+    train(ip, "keras.utils.set_random_seed(1)\n"
+              "dense = keras.Sequential([keras.Input((64,)), keras.layers.Dense(10, "
+              "activation='softmax')])\n"
+              "dense.compile('adam', 'sparse_categorical_crossentropy')\n"
+              "dense.fit(x[:256], y[:256], batch_size=64, epochs=1, "
+              "validation_data=(x[1500:1513], y[1500:1513]))")
+    panel.batch_size.value, panel.epochs.value = 128, 2
+    panel.train_button.click()
+    report = tpu_magic.session().train_job.result(timeout=240)
+    assert (report.epochs, report.global_batch, report.interrupted) == (2, 128, False)
+    panel.sync_button.click()
+    assert panel.state == "ok" and "`dense` → `dense_cpu`" in panel.status.value
+    np.testing.assert_allclose(ip.user_ns["dense_cpu"].predict(ip.user_ns["x"][:5], verbose=0),
+                               ip.user_ns["dense"].predict(ip.user_ns["x"][:5], verbose=0),
+                               atol=1e-6)
+    panel.save_path.value = str(tmp_path / "dense")
+    panel.save_button.click()
+    assert panel.state == "ok" and (tmp_path / "dense.weights.h5").exists()
+    assert "tensorflow" not in sys.modules
