@@ -85,7 +85,7 @@ m.fit(x, y, batch_size={batch}, epochs=1, verbose=0)
             write, resume = [], []
             for epoch in range(1, args.repeats + 1):
                 start = time.perf_counter()
-                written = store.save(model, epoch, seed=0)
+                written = store.save(model, epoch, seed=0, backend=tpu_magic.session().backend)
                 write.append(time.perf_counter() - start)
                 start = time.perf_counter()
                 restore(model, read_checkpoint(written), strategy)

@@ -15,13 +15,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import pytest
 from shell import testing_shell
 
-from tpu_magic import connect as connect_module
+from tpu_magic.backends import tf as tf_backend
 from tpu_magic.session import set_session
 
 REPLICAS = 8
-# Another Keras backend needs another process: tests/test_jax.py runs that suite.
-collect_ignore = ["jax_backend"]
-connect_module.configure_logical_cpus(REPLICAS)
+# Another Keras backend needs another process: tests/test_jax.py runs that suite; the unit
+# suite runs without TensorFlow in a process of its own too (tests/test_unit.py).
+collect_ignore = ["jax_backend", "unit"]
+tf_backend.configure_logical_cpus(REPLICAS)
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -11,6 +11,7 @@ from IPython.core.error import UsageError
 
 import tpu_magic
 from tpu_magic import connect as connect_module
+from tpu_magic.backends import tf as tf_backend
 from tpu_magic.check import version_warnings
 
 
@@ -150,13 +151,13 @@ class FakeTpuRuntime:
         return f"resolver:{address}"
 
     def strategy(self, resolver):
-        return connect_module.mirrored_strategy(tf, tuple(f"/cpu:{i}" for i in range(8)))
+        return tf_backend.mirrored_strategy(tf, tuple(f"/cpu:{i}" for i in range(8)))
 
 
 def test_tpu_initialised_once_and_a_second_target_needs_a_restart(fresh, monkeypatch):
     fake = FakeTpuRuntime()
-    monkeypatch.setattr(connect_module, "tpu_runtime", fake)
-    monkeypatch.setattr(connect_module, "_initialized_tpu", None)
+    monkeypatch.setattr(tf_backend, "tpu_runtime", fake)
+    monkeypatch.setattr(tf_backend, "_initialized_tpu", None)
     result = fresh.run_line_magic("tpu_connect", "local")
     assert (result.kind, result.target, result.replicas) == ("tpu", "local", 8)
     assert tpu_magic.session().tpu_rules

@@ -25,7 +25,7 @@ def panel_ip(fresh):
 
 
 def test_connect_builds_the_panel_with_sync_disabled_until_training(panel_ip):
-    panel = tpu_magic.session().panel
+    panel = tpu_magic.workspace().panel
     assert isinstance(panel, Panel) and isinstance(panel.widget, ipywidgets.VBox)
     assert isinstance(panel.address, ipywidgets.Text)
     assert all(isinstance(b, ipywidgets.Button)
@@ -43,7 +43,7 @@ def test_connect_builds_the_panel_with_sync_disabled_until_training(panel_ip):
 ])
 def test_check_shows_the_result_in_the_panel_not_a_traceback(panel_ip, closed_port,
                                                              address, state, words):
-    panel = tpu_magic.session().panel
+    panel = tpu_magic.workspace().panel
     panel.address.value = address.format(port=closed_port)
     panel.check_button.click()
     assert panel.state == state and words in html.unescape(panel.status.value)
@@ -51,7 +51,7 @@ def test_check_shows_the_result_in_the_panel_not_a_traceback(panel_ip, closed_po
 
 
 def test_training_drives_the_panel_then_sync_and_save_work_by_click(panel_ip, tmp_path):
-    panel = tpu_magic.session().panel
+    panel = tpu_magic.workspace().panel
     train(panel_ip, DENSE + "model.fit(x[:256], y[:256], batch_size=64, epochs=3)")
     assert panel.progress.value == panel.progress.max == 12 and panel.progress.description == "done"
     assert panel.history["loss"] and len(panel.history["loss"]) == 3
@@ -79,7 +79,7 @@ def test_training_drives_the_panel_then_sync_and_save_work_by_click(panel_ip, tm
 
 def test_a_failing_save_shows_its_error_in_the_panel(panel_ip):
     train(panel_ip, DENSE + "model.fit(x[:64], y[:64], batch_size=64, epochs=1)")
-    panel = tpu_magic.session().panel
+    panel = tpu_magic.workspace().panel
     panel.save_path.value = "/no/such/dir/m"
     panel.save_button.click()
     assert panel.state == "error" and "does not exist" in panel.status.value
@@ -90,13 +90,13 @@ def test_without_ipywidgets_the_panel_falls_back_to_text(fresh, monkeypatch, cap
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "ipywidgets" else real(name, *a))
     fresh.run_line_magic("tpu_connect", "--simulate 8")
-    assert tpu_magic.session().panel is None
+    assert tpu_magic.workspace().panel is None
     assert "ipywidgets is not installed" in capsys.readouterr().out
 
 
 def test_no_panel_flag(fresh):
     fresh.run_line_magic("tpu_connect", "--simulate 8 --no-panel")
-    assert tpu_magic.session().panel is None
+    assert tpu_magic.workspace().panel is None
 
 
 class RecordingView:
@@ -144,7 +144,7 @@ def test_loss_svg_draws_each_series():
 # -- training from the panel ---------------------------------------------------------------
 
 def test_train_row_waits_for_a_model_and_checks_the_batch_live(panel_ip):
-    panel = tpu_magic.session().panel
+    panel = tpu_magic.workspace().panel
     assert panel.train_button.disabled and "train one in a %%tpu_train cell" in panel.batch_note.value
     panel.train_button.click()  # a click anyway says what to do
     assert panel.state == "error" and "no model trained by %%tpu_train" in panel.status.value
@@ -160,7 +160,7 @@ def test_train_row_waits_for_a_model_and_checks_the_batch_live(panel_ip):
 
 
 def test_train_continues_from_the_weights_in_the_background(panel_ip):
-    panel = tpu_magic.session().panel
+    panel = tpu_magic.workspace().panel
     train(panel_ip, DENSE + """
 val = (x[1500:], y[1500:])
 model.fit(x[:256], y[:256], batch_size=64, epochs=1, validation_data=val)
@@ -168,7 +168,7 @@ model.fit(x[:256], y[:256], batch_size=64, epochs=1, validation_data=val)
     before = [w.copy() for w in panel_ip.user_ns["model"].get_weights()]
     panel.batch_size.value, panel.epochs.value = 128, 2
     panel.train_button.click()
-    job = tpu_magic.session().train_job
+    job = tpu_magic.workspace().job
     assert job is panel.job and panel.train_button.disabled
     report = job.result(timeout=240)
     assert (report.epochs, report.global_batch, report.interrupted) == (2, 128, False)
@@ -183,7 +183,7 @@ model.fit(x[:256], y[:256], batch_size=64, epochs=1, validation_data=val)
 def test_stop_ends_training_early_and_the_session_stays_usable(panel_ip):
     import time
 
-    panel = tpu_magic.session().panel
+    panel = tpu_magic.workspace().panel
     train(panel_ip, DENSE + "model.fit(x[:256], y[:256], batch_size=64, epochs=1)")
     panel.epochs.value = 500
     panel.train_button.click()
@@ -204,3 +204,33 @@ def test_stop_ends_training_early_and_the_session_stays_usable(panel_ip):
     assert sync.max_abs_diff < 1e-6
     again = train(panel_ip, "model.fit(x[:64], y[:64], batch_size=64, epochs=1)")
     assert again.epochs == 1
+
+
+def test_sync_save_and_connect_wait_while_a_job_trains(panel_ip):
+    from IPython.core.error import UsageError
+
+    panel = tpu_magic.workspace().panel
+    connection = tpu_magic.session()
+    panel_ip.user_ns.pop("model_cpu", None)
+    train(panel_ip, DENSE + "model.fit(x[:256], y[:256], batch_size=64, epochs=1)")
+    panel.epochs.value = 500
+    panel.train_button.click()
+    job = tpu_magic.workspace().job
+    try:
+        for magic, line, action in (("tpu_sync", "", "%tpu_sync"),
+                                    ("tpu_sync", "model --save w", "%tpu_sync"),
+                                    ("tpu_connect", "--simulate 8 --no-panel", "%tpu_connect"),
+                                    ("tpu_connect", "cpu --no-panel", "%tpu_connect")):
+            with pytest.raises(UsageError, match=f"{action} waits: a training job started from "
+                                                 "the panel is running. Press Stop"):
+                panel_ip.run_line_magic(magic, line)
+        for button, action in ((panel.sync_button, "Sync"), (panel.save_button, "Save")):
+            button.click()
+            assert panel.state == "error" and f"{action} waits" in html.unescape(panel.status.value)
+        assert "model_cpu" not in panel_ip.user_ns and tpu_magic.session() is connection
+        assert not job.done()  # nothing above touched the running job
+    finally:
+        job.stop()
+        job.result(timeout=120)
+    panel.sync_button.click()  # after the job: as usual
+    assert panel.state == "ok" and "model_cpu" in panel_ip.user_ns

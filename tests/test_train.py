@@ -30,7 +30,7 @@ def test_a_model_built_in_the_cell_trains_on_8_replicas(digits):
     assert report.compile_seconds > 0 and report.samples_per_second > 0
     assert len(report.epoch_seconds) == 2 and set(report.metrics) >= {"loss", "accuracy"}
     assert len(digits.user_ns["history"].history["loss"]) == 2
-    assert tpu_magic.session().last_model is model and report.model_name == "model"
+    assert tpu_magic.workspace().last_model is model and report.model_name == "model"
     assert "64 (8 per replica)" in report.summary()
     assert keras.Model.fit is KERAS_FIT
 

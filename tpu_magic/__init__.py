@@ -5,9 +5,11 @@ Importing this package is cheap: TensorFlow, Keras, JAX and ipywidgets are
 imported by the functions that need them, on first connect.
 """
 
-from tpu_magic.session import Session, session
+from tpu_magic.session import Connection, Session, session
+from tpu_magic.workspace import Workspace, workspace
 
-__all__ = ["Session", "session", "load_ipython_extension", "unload_ipython_extension"]
+__all__ = ["Connection", "Session", "Workspace", "session", "workspace",
+           "load_ipython_extension", "unload_ipython_extension"]
 __version__ = "0.1.0"
 
 

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from tpu_magic.chips import Chip, chip_for, gpu_memory_gib
-from tpu_magic.session import Session
-
-PACKAGES = ("tensorflow", "tensorflow-cpu", "tensorflow-tpu", "keras", "jax", "jaxlib", "libtpu")
-
+from tpu_magic.deps import installed_versions, version_warnings
+from tpu_magic.session import Connection
 
 @dataclass(frozen=True)
 class DeviceCheck:
@@ -61,41 +58,6 @@ class DeviceCheck:
         p.text(self.summary())
 
 
-def installed_versions() -> dict[str, str]:
-    """Versions of the packages that must fit together, for those installed."""
-    found = {}
-    for name in PACKAGES:
-        try:
-            found[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            pass
-    return found
-
-
-def version_warnings(versions: Mapping[str, str]) -> list[str]:
-    """Combinations that are known not to work together."""
-    warnings = []
-    flavours = [n for n in ("tensorflow", "tensorflow-cpu", "tensorflow-tpu") if n in versions]
-    if len(flavours) > 1:
-        distinct = {versions[n] for n in flavours}
-        if len(distinct) > 1:
-            warnings.append(
-                "TensorFlow flavours of different versions are installed ("
-                + ", ".join(f"{n} {versions[n]}" for n in flavours)
-                + "): they share one `tensorflow` package; keep one, e.g. "
-                f"`pip uninstall -y {' '.join(f for f in flavours if f != flavours[-1])}`."
-            )
-    keras = versions.get("keras")
-    if keras and int(keras.split(".")[0]) < 3:
-        warnings.append(f"keras {keras} is older than 3: `pip install -U \"keras>=3\"`.")
-    if "jax" in versions and "jaxlib" in versions:
-        if versions["jax"].split(".")[:2] != versions["jaxlib"].split(".")[:2]:
-            warnings.append(f"jax {versions['jax']} and jaxlib {versions['jaxlib']} differ.")
-    if "libtpu" in versions and "tensorflow-tpu" not in versions and "jax" not in versions:
-        warnings.append("libtpu is installed but neither tensorflow-tpu nor jax can use it.")
-    return warnings
-
-
 def runs_per_second(run: Callable[[], Any], finish: Callable[[Any], Any],
                     min_seconds: float = 0.3) -> float:
     """Calls `run` (asynchronous work) for at least `min_seconds`, waiting for every 4th result."""
@@ -108,17 +70,6 @@ def runs_per_second(run: Callable[[], Any], finish: Callable[[Any], Any],
             elapsed = time.perf_counter() - start
             if elapsed >= min_seconds:
                 return runs / elapsed
-
-
-def measure_matmul(tf: Any, device: str, dtype: str, n: int, min_seconds: float = 0.3) -> float:
-    """TFLOP/s of repeated n×n matmuls on one device, after a warm-up run."""
-    with tf.device(device):
-        a = tf.random.uniform((n, n), dtype=tf.float32)
-        a = tf.cast(a, dtype)
-        b = tf.identity(a)
-        tf.linalg.matmul(a, b).numpy()  # warm-up: kernel selection, transfers
-        rate = runs_per_second(lambda: tf.linalg.matmul(a, b), lambda c: c.numpy(), min_seconds)
-    return 2.0 * n ** 3 * rate / 1e12
 
 
 @dataclass(frozen=True)
@@ -192,7 +143,7 @@ class DeviceView:
     measure: Callable[[str, int], float]
 
 
-def run_check(s: Session, env: Mapping[str, str] | None = None) -> DeviceCheck:
+def run_check(s: Connection, env: Mapping[str, str] | None = None) -> DeviceCheck:
     """Lists the devices and library versions and measures matmul throughput."""
     env = os.environ if env is None else env
     view = device_view(s, env)
@@ -208,10 +159,9 @@ def run_check(s: Session, env: Mapping[str, str] | None = None) -> DeviceCheck:
     )
 
 
-def device_view(s: Session, env: Mapping[str, str] | None = None) -> DeviceView:
+def device_view(s: Connection, env: Mapping[str, str] | None = None) -> DeviceView:
     """The session's first device: name, chip, memory and a matmul measurement."""
-    env = os.environ if env is None else env
-    return (_jax_device if s.backend == "jax" else _tf_device)(s, env)
+    return s.backend.device_view(s, os.environ if env is None else env)
 
 
 def device_name(kind: str, runtime_name: str, simulated: bool, env: Mapping[str, str]) -> str:
@@ -235,48 +185,11 @@ def chip_named(kind: str, name: str, env: Mapping[str, str]) -> Chip | None:
     return chip if chip is not None and chip.kind == kind else None
 
 
-def _doctor(s: Session, env: Mapping[str, str], versions: Mapping[str, str]) -> tuple[str, ...]:
+def _doctor(s: Connection, env: Mapping[str, str], versions: Mapping[str, str]) -> tuple[str, ...]:
     from tpu_magic import doctor
     from tpu_magic.target import read_machine_signs
 
     signs = read_machine_signs()
     runtime = doctor.read_runtime(signs.tpu_vm, bool(signs.gpu_devices), env, versions)
-    return tuple(str(f) for f in doctor.diagnose(runtime, backend=s.backend,
+    return tuple(str(f) for f in doctor.diagnose(runtime, backend=s.backend.name,
                                                  wants_tpu=s.kind == "tpu" and not s.simulated))
-
-
-def _tf_device(s: Session, env: Mapping[str, str]) -> DeviceView:
-    import tensorflow as tf  # the session exists, so TensorFlow is importable
-
-    device = s.devices[0] if s.devices else "/cpu:0"
-    runtime_name = ""
-    if s.kind == "gpu":
-        details = tf.config.experimental.get_device_details(tf.config.list_physical_devices("GPU")[0])
-        runtime_name = details.get("device_name", "GPU")
-    name = device_name(s.kind, runtime_name, s.simulated, env)
-    chip = chip_named(s.kind, name, env)
-    memory = host_memory() if s.kind == "cpu" else None
-    if s.kind in ("gpu", "tpu"):
-        try:
-            info = tf.config.experimental.get_memory_info(device.lstrip("/").upper())
-            memory = memory_of(info["current"], None, info["peak"], chip, name)
-        except (ValueError, RuntimeError, tf.errors.OpError):
-            memory = memory_of(None, None, None, chip, name)
-    return DeviceView(name, chip, memory, lambda dtype, n: measure_matmul(tf, device, dtype, n))
-
-
-def _jax_device(s: Session, env: Mapping[str, str]) -> DeviceView:
-    import jax
-
-    from tpu_magic import jax_backend
-
-    device = jax.devices(s.kind)[0]
-    name = device_name(s.kind, getattr(device, "device_kind", ""), s.simulated, env)
-    chip = chip_named(s.kind, name, env)
-    if s.kind == "cpu":
-        memory = host_memory()
-    else:
-        in_use, limit, peak = jax_backend.memory_bytes(device)
-        memory = memory_of(in_use, limit, peak, chip, name)
-    return DeviceView(name, chip, memory,
-                      lambda dtype, n: jax_backend.measure_matmul(device, dtype, n))

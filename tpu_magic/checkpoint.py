@@ -26,8 +26,7 @@ import numpy as np
 
 from tpu_magic.atomic import atomic_path
 from tpu_magic.errors import CheckpointError
-from tpu_magic.rewrap import own_scope
-from tpu_magic.sync import replica_weights
+from tpu_magic import variables
 
 FORMAT = "tpu_magic checkpoint 1"
 _NAME = re.compile(r"^ckpt-(\d{6,})-epoch-(\d{4,})\.h5$")
@@ -69,16 +68,15 @@ class Found:
 
 # -- reading and writing one file ------------------------------------------------------------
 
-def state_of(model: Any) -> tuple[Variables, Variables, str]:
+def state_of(model: Any, backend: Any) -> tuple[Variables, Variables, str]:
     """The model's weights (averaged over replicas where they differ) and optimizer state."""
-    arrays, _, _ = replica_weights(model)
+    arrays, _, _ = variables.replica_weights(model, backend)
     weights = Variables(tuple(w.path for w in model.weights), tuple(arrays))
     optimizer = getattr(model, "optimizer", None)
-    if optimizer is None or not optimizer.built:
+    slots = variables.optimizer_state(model, backend)
+    if slots is None:
         return weights, Variables((), ()), type(optimizer).__name__ if optimizer else ""
-    with own_scope(model):
-        slots = tuple(keras.ops.convert_to_numpy(v) for v in optimizer.variables)
-    return weights, Variables(tuple(v.path for v in optimizer.variables), slots), \
+    return weights, Variables(tuple(v.path for v in optimizer.variables), tuple(slots)), \
         type(optimizer).__name__
 
 
@@ -229,8 +227,10 @@ class CheckpointStore:
                 found.skipped.append(str(exc))
         return found
 
-    def save(self, model: Any, epoch: int, seed: int) -> Path:
+    def save(self, model: Any, epoch: int, seed: int, backend: Any) -> Path:
         """Writes a checkpoint atomically, then drops all but the newest `keep`.
+
+        `backend` (a `backends.Backend`) reads the model's variables.
 
         Raises:
             CheckpointError: it could not be written (the previous checkpoints are intact).
@@ -238,7 +238,7 @@ class CheckpointStore:
         listing = self.listing()
         sequence = listing[-1][0] + 1 if listing else 1
         target = self.directory / f"ckpt-{sequence:06d}-epoch-{epoch:04d}.h5"
-        weights, optimizer, optimizer_class = state_of(model)
+        weights, optimizer, optimizer_class = state_of(model, backend)
         try:
             with atomic_path(target) as temporary:
                 _write_file(temporary, epoch, seed, sequence, weights, optimizer, optimizer_class)
@@ -274,22 +274,22 @@ class Checkpointing(keras.callbacks.Callback):
     Args:
         store: where to write.
         seed: the data order's seed (saved, so a resumed run sees the same order).
-        strategy: the strategy the model trains under.
+        connection: the connection the model trains on (its strategy and backend).
         resume_from: the checkpoint to restore before the first step, if resuming.
         say: prints one line to the user.
     """
 
-    def __init__(self, store: CheckpointStore, seed: int, strategy: Any,
+    def __init__(self, store: CheckpointStore, seed: int, connection: Any,
                  resume_from: Checkpoint | None = None, say: Callable[[str], None] = print):
         super().__init__()
-        self.store, self.seed, self.strategy = store, seed, strategy
+        self.store, self.seed, self.connection = store, seed, connection
         self.resume_from, self.say = resume_from, say
         self.written: list[Path] = []
         self.cut_short: int | None = None  # an epoch stopped early (not checkpointed)
 
     def on_train_begin(self, logs=None):
         if self.resume_from is not None:
-            restore(self.model, self.resume_from, self.strategy)
+            restore(self.model, self.resume_from, self.connection.strategy)
 
     def on_epoch_end(self, epoch, logs=None):
         # Called first among the callbacks: a stop requested already came from a batch
@@ -297,5 +297,6 @@ class Checkpointing(keras.callbacks.Callback):
         if self.model.stop_training:
             self.cut_short = epoch + 1
             return
-        self.written.append(self.store.save(self.model, epoch + 1, self.seed))
+        self.written.append(self.store.save(self.model, epoch + 1, self.seed,
+                                            self.connection.backend))
 

@@ -1,8 +1,9 @@
 """Connecting to an accelerator: the distribution strategy for a `Target`.
 
-`connect()` validates everything it can before TensorFlow is imported, bounds
-every network step (see `probe`), and returns a `ConnectResult`. It keeps one
-`Session` per process (`tpu_magic.session()`).
+`connect()` validates everything it can before TensorFlow or JAX is imported, bounds
+every network step (see `probe`), chooses the backend (see `backends`), lets that
+backend connect, and returns a `ConnectResult`. It keeps one `Connection` per process
+(`tpu_magic.session()`).
 """
 
 from __future__ import annotations
@@ -12,13 +13,13 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from tpu_magic import probe
+from tpu_magic import backends, probe
 from tpu_magic.backends import choose_backend, imported_keras_backend, importable_modules, select
-from tpu_magic.check import installed_versions
-from tpu_magic.deps import require_tensorflow
+from tpu_magic.deps import installed_versions
 from tpu_magic.errors import AddressError, ConnectError, MissingDependencyError
-from tpu_magic.session import Session, session, set_session
-from tpu_magic.target import MachineSigns, Target, parse_grpc_address, read_machine_signs, resolve_target
+from tpu_magic.session import Connection, session, set_session
+from tpu_magic.target import NO_TPU_FIX, MachineSigns, Target, parse_grpc_address, \
+    read_machine_signs, resolve_target
 
 MAX_SIMULATED = 256
 
@@ -39,6 +40,7 @@ class ConnectResult:
     notes: tuple[str, ...] = ()
     check: Any = None  # a `DeviceCheck` with --check
     backend: str = "tf"
+    framework: str = "TensorFlow"
 
     def summary(self) -> str:
         what = (
@@ -49,7 +51,7 @@ class ConnectResult:
         head = "Reusing the connection" if self.reused else "Connected"
         lines = [
             f"{head}: {what} — {self.strategy_name}"
-            f"{' (Keras on JAX)' if self.backend == 'jax' else ''}, {self.replicas} "
+            f" (Keras on {self.framework}), {self.replicas} "
             f"replica{'s' if self.replicas != 1 else ''} ({self.seconds:.2f} s)",
             f"  why: {self.reason}",
         ]
@@ -60,35 +62,6 @@ class ConnectResult:
 
     def _repr_pretty_(self, p, cycle):  # IPython display
         p.text(self.summary())
-
-
-class TpuRuntime:
-    """The TensorFlow calls that need a real TPU; tests replace this object."""
-
-    def initialize(self, address: str) -> Any:
-        tf = require_tensorflow()
-        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=address)
-        tf.config.experimental_connect_to_cluster(resolver)
-        tf.tpu.experimental.initialize_tpu_system(resolver)
-        return resolver
-
-    def strategy(self, resolver: Any) -> Any:
-        tf = require_tensorflow()
-        return tf.distribute.TPUStrategy(resolver)
-
-
-tpu_runtime = TpuRuntime()
-# The TPU address initialised in this process: TensorFlow allows one per process.
-_initialized_tpu: str | None = None
-
-NO_TPU_FIX = (
-    "No TPU is attached to this runtime. In Colab: Runtime > Change runtime type > a TPU "
-    "(Kaggle: Settings > Accelerator > TPU), then `%tpu_connect local`. On a TPU VM today's "
-    "TPU path is JAX (`pip install \"jax[tpu]\"`, then `%tpu_connect local --backend jax`); "
-    "TensorFlow there needs its TPU build instead (`pip install tensorflow-tpu`, same version "
-    "as tensorflow, never beside JAX's libtpu), then restart. "
-    "To rehearse without a TPU: `%tpu_connect --simulate 8`."
-)
 
 
 def connect(
@@ -164,40 +137,20 @@ def _connect(target: str, simulate: int | None, timeout: float, backend: str,
         chosen = resolve_target(target, env, signs)
     choice = choose_backend(backend, imported_keras_backend(), env, signs.tpu_vm,
                             installed_versions(), importable_modules())
-    if choice.backend == "jax":
-        chosen = Target(chosen.kind, chosen.address, f"{chosen.reason}; Keras on JAX "
-                                                     f"({choice.reason})", chosen.notes)
+    chosen_backend = backends.get(choice.backend)
+    if choice.reason != "the default":
+        chosen = Target(chosen.kind, chosen.address, f"{chosen.reason}; Keras on "
+                        f"{chosen_backend.label} ({choice.reason})", chosen.notes)
 
     current = session()
-    if current is not None and current.backend == choice.backend and _same(current, chosen, simulate):
+    if current is not None and current.backend.name == choice.backend and \
+            _same(current, chosen, simulate):
         return _result(current, chosen, start, reused=True)
     select(choice)
-    if choice.backend == "jax":
-        from tpu_magic.jax_backend import jax_session
-
-        new, chosen = jax_session(chosen, simulate, explicit_gpu=target.strip().lower() == "gpu",
-                                  compile_cache=compile_cache, env=env)
-        set_session(new)
-        return _result(new, chosen, start)
-    if chosen.kind == "tpu" and _initialized_tpu not in (None, chosen.address):
-        raise ConnectError(
-            f"this process is already connected to TPU {_initialized_tpu}; TensorFlow cannot "
-            f"switch to {chosen.address} in the same process. Restart the runtime "
-            f"(Runtime > Restart session), then `%tpu_connect {chosen.address}`."
-        )
-    if chosen.is_tpu_node and _initialized_tpu is None:
-        _probe_node(chosen, timeout, probe_tf)
-
-    tf = require_tensorflow()
-    if simulate is not None:
-        new = _simulated_session(tf, simulate)
-    elif chosen.kind == "tpu":
-        new = _tpu_session(chosen)
-    elif chosen.kind == "gpu":
-        new, chosen = _gpu_session(tf, chosen, explicit=target.strip().lower() == "gpu")
-    else:
-        new = Session(target="cpu", kind="cpu", replicas=1,
-                      strategy=tf.distribute.get_strategy(), devices=("/cpu:0",))
+    new, chosen = chosen_backend.connect(
+        chosen, simulate, explicit_gpu=target.strip().lower() == "gpu",
+        compile_cache=compile_cache, env=env,
+        probe_node=lambda node: _probe_node(node, timeout, probe_tf))
     set_session(new)
     return _result(new, chosen, start)
 
@@ -251,101 +204,16 @@ def check_target(
     return "the CPU is always there. Connect: %tpu_connect cpu"
 
 
-def _same(current: Session, chosen: Target, simulate: int | None) -> bool:
+def _same(current: Connection, chosen: Target, simulate: int | None) -> bool:
     if simulate is not None:
         return current.simulated and current.replicas == simulate
     return not current.simulated and current.target == chosen.label
 
 
-def _result(s: Session, chosen: Target, start: float, reused: bool = False) -> ConnectResult:
+def _result(s: Connection, chosen: Target, start: float, reused: bool = False) -> ConnectResult:
     return ConnectResult(
         target=s.target, kind=s.kind, replicas=s.replicas,
         strategy_name=type(s.strategy).__name__, simulated=s.simulated,
         reason=chosen.reason, devices=s.devices, seconds=time.monotonic() - start,
-        reused=reused, notes=chosen.notes, backend=s.backend,
+        reused=reused, notes=chosen.notes, backend=s.backend.name, framework=s.backend.label,
     )
-
-
-def configure_logical_cpus(n: int) -> None:
-    """Splits the CPU into `n` logical devices (before TensorFlow's runtime starts).
-
-    Raises:
-        ConnectError: the runtime already started with another split.
-    """
-    tf = require_tensorflow()
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    try:
-        tf.config.set_logical_device_configuration(
-            cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(n)]
-        )
-    except RuntimeError:
-        have = len(tf.config.list_logical_devices("CPU"))
-        if have != n:
-            raise ConnectError(
-                f"--simulate {n} needs {n} logical CPU devices, but TensorFlow's runtime already "
-                f"started with {have}. Restart the runtime and run `%tpu_connect --simulate {n}` "
-                "before anything else uses TensorFlow."
-            ) from None
-
-
-# One MirroredStrategy per device set and process. Measured: a second one over the same
-# devices restarts the collective instance keys, and its first all-reduce fails with
-# "Shape mismatch in the collective instance" against shapes the runtime cached.
-_mirrored: dict[tuple[str, ...], Any] = {}
-
-
-def mirrored_strategy(tf: Any, devices: tuple[str, ...]) -> Any:
-    """The process's MirroredStrategy over `devices` (made once)."""
-    if devices not in _mirrored:
-        _mirrored[devices] = tf.distribute.MirroredStrategy(list(devices))
-    return _mirrored[devices]
-
-
-def _simulated_session(tf: Any, n: int) -> Session:
-    configure_logical_cpus(n)
-    devices = tuple(f"/cpu:{i}" for i in range(n))
-    strategy = mirrored_strategy(tf, devices)
-    return Session(target=f"simulate:{n}", kind="cpu", replicas=n, strategy=strategy,
-                   simulated=True, devices=devices)
-
-
-def _tpu_session(chosen: Target) -> Session:
-    global _initialized_tpu
-    tf = require_tensorflow()
-    address = chosen.address
-    try:
-        resolver = tpu_runtime.initialize(address)
-    except tf.errors.NotFoundError as exc:
-        if address == "local":
-            first = str(exc).strip().splitlines()[0][:160]
-            raise ConnectError(f"{NO_TPU_FIX} (TensorFlow said: {first})") from None
-        raise ConnectError(f"TPU {address} could not be initialised: {exc}") from None
-    except ValueError as exc:
-        raise ConnectError(f"TPU {address} could not be resolved: {exc}") from None
-    _initialized_tpu = address
-    strategy = tpu_runtime.strategy(resolver)
-    devices = tuple(d.name for d in tf.config.list_logical_devices("TPU"))
-    return Session(target=address, kind="tpu", replicas=strategy.num_replicas_in_sync,
-                   strategy=strategy, devices=devices)
-
-
-def _gpu_session(tf: Any, chosen: Target, explicit: bool) -> tuple[Session, Target]:
-    gpus = tf.config.list_physical_devices("GPU")
-    if not gpus:
-        fix = (
-            "TensorFlow sees no GPU: in Colab choose Runtime > Change runtime type > a GPU; "
-            "elsewhere install a CUDA build (`pip install \"tensorflow[and-cuda]\"`; "
-            "tensorflow-cpu has no GPU support)."
-        )
-        if explicit:
-            raise ConnectError(fix)
-        chosen = Target("cpu", None, chosen.reason + ", but " + fix, chosen.notes)
-        return Session(target="cpu", kind="cpu", replicas=1,
-                       strategy=tf.distribute.get_strategy(), devices=("/cpu:0",)), chosen
-    devices = tuple(f"/gpu:{i}" for i in range(len(gpus)))
-    if len(gpus) == 1:
-        strategy = tf.distribute.OneDeviceStrategy(devices[0])
-    else:
-        strategy = mirrored_strategy(tf, devices)
-    return Session(target="gpu", kind="gpu", replicas=len(gpus), strategy=strategy,
-                   devices=devices), chosen

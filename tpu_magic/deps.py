@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 from types import ModuleType
+from typing import Mapping
 
 from tpu_magic.errors import MissingDependencyError
 
@@ -45,3 +47,41 @@ def require_keras() -> ModuleType:
             "`pip install -U \"keras>=3\"`, then restart the runtime."
         )
     return keras
+
+
+PACKAGES = ("tensorflow", "tensorflow-cpu", "tensorflow-tpu", "keras", "jax", "jaxlib", "libtpu")
+
+
+def installed_versions() -> dict[str, str]:
+    """Versions of the packages that must fit together, for those installed."""
+    found = {}
+    for name in PACKAGES:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return found
+
+
+def version_warnings(versions: Mapping[str, str]) -> list[str]:
+    """Combinations that are known not to work together."""
+    warnings = []
+    flavours = [n for n in ("tensorflow", "tensorflow-cpu", "tensorflow-tpu") if n in versions]
+    if len(flavours) > 1:
+        distinct = {versions[n] for n in flavours}
+        if len(distinct) > 1:
+            warnings.append(
+                "TensorFlow flavours of different versions are installed ("
+                + ", ".join(f"{n} {versions[n]}" for n in flavours)
+                + "): they share one `tensorflow` package; keep one, e.g. "
+                f"`pip uninstall -y {' '.join(f for f in flavours if f != flavours[-1])}`."
+            )
+    keras = versions.get("keras")
+    if keras and int(keras.split(".")[0]) < 3:
+        warnings.append(f"keras {keras} is older than 3: `pip install -U \"keras>=3\"`.")
+    if "jax" in versions and "jaxlib" in versions:
+        if versions["jax"].split(".")[:2] != versions["jaxlib"].split(".")[:2]:
+            warnings.append(f"jax {versions['jax']} and jaxlib {versions['jaxlib']} differ.")
+    if "libtpu" in versions and "tensorflow-tpu" not in versions and "jax" not in versions:
+        warnings.append("libtpu is installed but neither tensorflow-tpu nor jax can use it.")
+    return warnings

@@ -45,3 +45,7 @@ class TrainJobError(TpuMagicError):
 
 class CheckpointError(TpuMagicError):
     """A checkpoint directory or file that cannot be used."""
+
+
+class BusyError(TpuMagicError):
+    """An action refused while a training job from the panel is running."""

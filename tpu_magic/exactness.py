@@ -165,3 +165,18 @@ def _mask_metrics(compiled_metrics: Any) -> None:
                     metric.update_state(truth, prediction, shaped(weight, truth))
 
     object.__setattr__(compiled_metrics, "update_state", update_state)
+
+
+def why_not_exact(model: Any, has_targets: bool) -> str | None:
+    """None where padding can be masked out of this model's loss; else why not, and what
+    tpu_magic does instead (whole batches of real samples only)."""
+    if masks_reach_loss(model, has_targets):
+        return None
+    why = ("it has no targets or compiled loss (its loss comes from add_loss)"
+           if keras_steps(model) else
+           "its train_step/test_step/compute_loss/compute_metrics are its own and may "
+           "ignore sample weights")
+    return (f"{why}, so padded samples could reach its loss. tpu_magic feeds it whole "
+            "batches of real samples only: fit leaves out the last few samples of each "
+            "epoch's shuffled order (different ones each epoch), evaluate the last few "
+            "samples, each fewer than one batch (the report counts them).")

@@ -14,7 +14,8 @@ from typing import Any, Callable, MutableMapping
 from tpu_magic.batching import plan_batches
 from tpu_magic.errors import TrainJobError
 from tpu_magic.report import TrainReport
-from tpu_magic.session import Session
+from tpu_magic.session import Connection
+from tpu_magic.workspace import Workspace
 
 
 class TrainJob:
@@ -68,30 +69,33 @@ class TrainJob:
         return self._stop.is_set()
 
 
-def start_training(session: Session, namespace: MutableMapping[str, Any], *, batch_size: int,
-                   epochs: int, scale_lr: bool = False, view: Any = None,
+def start_training(connection: Connection, workspace: Workspace,
+                   namespace: MutableMapping[str, Any], *, batch_size: int, epochs: int,
+                   scale_lr: bool = False, view: Any = None,
                    on_done: Callable[[TrainJob], None] | None = None) -> TrainJob:
-    """Runs the session's last `fit` again with a new batch and epochs, in the background.
+    """Runs the workspace's last `fit` again with a new batch and epochs, in the background.
+
+    The job becomes `workspace.job` here, on the caller's thread; from its own thread it
+    only trains and hands back its `TrainReport`.
 
     Raises:
-        TrainJobError: no `%%tpu_train` fit to repeat, a job already running, bad epochs.
+        TrainJobError: no `%%tpu_train` fit to repeat, or bad epochs.
+        BusyError: a job is running already.
         BatchSizeError: the batch does not divide over the replicas.
     """
     from tpu_magic.train import TrainingCell, TrainOptions
 
-    if session.last_fit is None:
+    workspace.require_idle("Train")
+    if workspace.last_fit is None:
         raise TrainJobError("no model trained by %%tpu_train yet: train one in a %%tpu_train "
                             "cell first; then Train here continues it")
-    if session.train_job is not None and not session.train_job.done():
-        raise TrainJobError("a training job is running: press Stop, or wait for it "
-                            "(tpu_magic.session().train_job.result())")
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
         raise TrainJobError(f"epochs {epochs!r} must be 1 or more")
-    plan_batches(batch_size, session.replicas, tpu_rules=session.tpu_rules)
+    plan_batches(batch_size, connection.replicas, tpu_rules=connection.tpu_rules)
     options = TrainOptions(batch_size=batch_size, epochs=epochs, scale_lr=scale_lr,
                            progress=False)
-    training = TrainingCell(session, options, namespace, say=lambda _text: None, view=view)
-    last = session.last_fit
+    training = TrainingCell(connection, options, namespace, say=lambda _text: None, view=view)
+    last = workspace.last_fit
     job = TrainJob(lambda stop: training.fit_again(last, stop), on_done)
-    session.train_job = job
+    workspace.job = job
     return job.start()

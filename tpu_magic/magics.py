@@ -40,6 +40,13 @@ class TpuMagics(Magics, Configurable):
         Configurable.__init__(self, config=shell.config)
         Magics.__init__(self, shell=shell)
 
+    @property
+    def workspace(self):
+        """This notebook's `Workspace`: the panel, the model trained last, the running job."""
+        from tpu_magic.workspace import workspace_of
+
+        return workspace_of(self.shell)
+
     @magic_arguments()
     @argument("target", nargs="?", default="auto",
               help="auto (default), local (TPU VM), grpc://HOST:PORT, a TPU name, gpu or cpu")
@@ -68,12 +75,14 @@ class TpuMagics(Magics, Configurable):
         from tpu_magic.session import session
 
         args = _parse(self.tpu_connect, line)
+        self.workspace.require_idle("%tpu_connect")
         quiet_native_logs()
         with tensorflow_info_silenced():
             result = connect(
                 args.target, simulate=args.simulate, backend=args.backend,
                 compile_cache=args.compile_cache, timeout=self.timeout if args.timeout is None else args.timeout,
             )
+        self.workspace.connected(session())
         if args.check:
             result = replace(result, check=run_check(session()))
         if not args.no_panel:
@@ -89,9 +98,9 @@ class TpuMagics(Magics, Configurable):
         if why:
             print(f"warning: {why} Copy the trained model with %tpu_sync.")
             return
-        current = session()
-        if current.panel is None:
-            current.panel = Panel(
+        current, workspace = session(), self.workspace
+        if workspace.panel is None:
+            workspace.panel = Panel(
                 check=lambda address: self._check_address(address),
                 sync=lambda: self._sync_last(None),
                 save=lambda path: self._sync_last(path),
@@ -104,7 +113,7 @@ class TpuMagics(Magics, Configurable):
         if getattr(self.shell, "kernel", None) is not None:  # a frontend that can show widgets
             from IPython.display import display
 
-            display(current.panel)
+            display(workspace.panel)
 
     def _check_address(self, address: str) -> str:
         from tpu_magic.connect import check_target
@@ -116,27 +125,32 @@ class TpuMagics(Magics, Configurable):
         from tpu_magic.job import start_training
         from tpu_magic.session import session
 
-        current = session()
-        return start_training(current, self.shell.user_ns, batch_size=batch, epochs=epochs,
-                              scale_lr=scale_lr, view=current.panel, on_done=on_done)
+        workspace = self.workspace
+        return start_training(session(), workspace, self.shell.user_ns, batch_size=batch,
+                              epochs=epochs, scale_lr=scale_lr, view=workspace.panel,
+                              on_done=on_done)
 
     def _sync_last(self, path: str | None) -> str:
         """The panel's Sync / Save: `%tpu_sync [--save PATH]` for the model trained last."""
-        return self._sync(None, None, path).summary()
+        return self._sync(None, None, path, action="Save" if path else "Sync").summary()
 
-    def _sync(self, model: str | None, as_name: str | None, save: str | None):
+    def _sync(self, model: str | None, as_name: str | None, save: str | None,
+              action: str = "%tpu_sync"):
         """`%tpu_sync` and the panel's buttons: a CPU copy bound in the user's namespace."""
         from tpu_magic.quiet import quiet_native_logs, tensorflow_info_silenced
         from tpu_magic.session import session
 
+        workspace = self.workspace
+        workspace.require_idle(action)  # a job would change the weights mid-copy
         quiet_native_logs()
         current = session()
         with tensorflow_info_silenced():
             from tpu_magic.sync import sync_into
 
             return sync_into(self.shell.user_ns, model, as_name, save,
-                             last_model=current and current.last_model,
-                             last_name=current and current.last_model_name)
+                             last_model=workspace.last_model,
+                             last_name=workspace.last_model_name,
+                             backend=current.backend if current is not None else None)
 
     @magic_arguments()
     @argument("--batch-size", type=int, metavar="B",
@@ -170,14 +184,13 @@ class TpuMagics(Magics, Configurable):
             if given and args.checkpoint is None:
                 raise UsageError(f"{flag} works with --checkpoint DIR: add it, e.g. "
                                  f"%%tpu_train --checkpoint ckpt {flag}")
+        workspace = self.workspace
+        workspace.require_idle("%%tpu_train")
         quiet_native_logs()
-        job = session() and session().train_job
-        if job is not None and not job.done():
-            raise UsageError("a training job started from the panel is running: press Stop, "
-                             "or wait for it (tpu_magic.session().train_job.result())")
         with tensorflow_info_silenced():
             if session() is None:
                 print(connect("auto", timeout=self.timeout).summary())
+                workspace.connected(session())
             from tpu_magic.train import TrainingCell, TrainOptions
 
             options = TrainOptions(batch_size=args.batch_size, epochs=args.epochs,
@@ -186,17 +199,19 @@ class TpuMagics(Magics, Configurable):
                                    progress=not args.no_progress, checkpoint=args.checkpoint,
                                    keep=2 if args.keep is None else args.keep,
                                    resume=args.resume)
-            current = session()
-            training = TrainingCell(current, options, self.shell.user_ns, bar=_progress_bar(),
-                                    view=current.panel)
+            training = TrainingCell(session(), options, self.shell.user_ns, bar=_progress_bar(),
+                                    view=workspace.panel)
             code = self.shell.transform_cell(cell)
             try:
                 # `ex` lets the cell's own exceptions reach the user unchanged (run_cell swallows them).
                 return training.run(lambda: self.shell.ex(code), cell)
             finally:
-                if current.panel is not None and current.last_model is not None:
-                    current.panel.model_trained(current.last_model_name,
-                                                training.report.global_batch)
+                if training.last_fit is not None:
+                    workspace.trained(training.last_model, training.report.model_name,
+                                      training.last_fit)
+                if workspace.panel is not None and workspace.last_model is not None:
+                    workspace.panel.model_trained(workspace.last_model_name,
+                                                  training.report.global_batch)
 
     @magic_arguments()
     @argument("model", nargs="?", help="the model to copy (default: the model trained last)")

@@ -48,7 +48,7 @@ def _numbers(logs: dict[str, float]) -> str:
 
 
 class Panel:
-    """The widgets, reachable as `tpu_magic.session().panel`.
+    """The widgets, reachable as `tpu_magic.workspace().panel`.
 
     Args:
         check: address → one line; raises `TpuMagicError` when it cannot connect.

@@ -12,7 +12,6 @@ from its compile config (a new optimizer; the old object cannot be reused).
 from __future__ import annotations
 
 import ast
-import contextlib
 import inspect
 import types
 from dataclasses import dataclass
@@ -20,7 +19,9 @@ from typing import Any, Iterable, Mapping, MutableMapping
 
 import keras
 
+from tpu_magic import variables
 from tpu_magic.errors import RewrapError
+from tpu_magic.variables import names_of
 
 
 @dataclass(frozen=True)
@@ -42,45 +43,15 @@ class Rewrapped:
         )
 
 
-def _variables(model: Any) -> list[Any]:
-    found = list(model.weights)
-    optimizer = getattr(model, "optimizer", None)
-    if optimizer is not None:
-        found += list(optimizer.variables)
-    return found
+def built_outside(model: Any, connection: Any) -> bool:
+    """True when the model belongs to another strategy (or to none) than the connection's."""
+    return connection.backend.built_outside(model, connection.strategy)
 
 
-def built_outside(model: Any, strategy: Any) -> bool:
-    """True when the model belongs to another strategy: its own, or its (optimizer's) variables'."""
-    if not hasattr(strategy, "extended"):  # Keras's DataParallel (JAX backend)
-        return _outside_distribution(model, strategy)
-    own = getattr(model, "_distribute_strategy", None)  # Keras sets it when made in a scope
-    if own is not None and own is not strategy:
-        return True
-    return any(
-        not strategy.extended.variable_created_in_scope(getattr(v, "value", v))
-        for v in _variables(model)
-    )
-
-
-def built_for(model: Any, strategy: Any) -> bool:
-    """True when the model was built for this strategy: it has variables, all made for it."""
-    if not model.weights:
-        return False
-    if not hasattr(strategy, "extended"):
-        return not _outside_distribution(model, strategy)
-    return getattr(model, "_distribute_strategy", None) is strategy and \
-        not built_outside(model, strategy)
-
-
-def _outside_distribution(model: Any, distribution: Any) -> bool:
-    """JAX: variables made in a `DataParallel` scope span all its devices; others sit on one."""
-    devices = distribution.device_mesh.devices.size
-    for variable in _variables(model):
-        sharding = getattr(getattr(variable, "value", variable), "sharding", None)
-        if sharding is not None and len(sharding.device_set) != devices:
-            return True
-    return False
+def built_for(model: Any, connection: Any) -> bool:
+    """True when the model was built for the connection's strategy: it has variables, all
+    made for it."""
+    return connection.backend.built_for(model, connection.strategy)
 
 
 def custom_objects_from(namespace: Mapping[str, Any], model: Any) -> dict[str, Any]:
@@ -133,9 +104,10 @@ class TolerantLayer:
         return layer
 
 
-def rewrap(model: Any, strategy: Any, custom_objects: Mapping[str, Any],
+def rewrap(model: Any, connection: Any, custom_objects: Mapping[str, Any],
            label: str | None = None) -> tuple[Any, bool]:
-    """Clones `model` inside `strategy.scope()` with the same weights and compile settings.
+    """Clones `model` inside the connection's strategy with the same weights and compile
+    settings.
 
     Args:
         label: the user's name for the model (messages name it), else Keras's name.
@@ -147,13 +119,12 @@ def rewrap(model: Any, strategy: Any, custom_objects: Mapping[str, Any],
         RewrapError: the model cannot be cloned (e.g. a subclassed model).
     """
     name = label or getattr(model, "name", type(model).__name__)
+    strategy = connection.strategy
+    optimizer_state = variables.optimizer_state(model, connection.backend)
     # Variables of another strategy can only be read inside that strategy's scope.
-    with own_scope(model):
+    with connection.backend.reading(model):
         weights = model.get_weights() if model.built else []
         compile_config = model.get_compile_config() if model.compiled else None
-        old_optimizer = getattr(model, "optimizer", None)
-        optimizer_state = ([v.numpy() for v in old_optimizer.variables]
-                           if old_optimizer is not None and old_optimizer.built else None)
         try:
             config = model.get_config() if _is_graph_model(model) else None
         except NotImplementedError as exc:  # a layer with unserializable constructor arguments
@@ -208,12 +179,6 @@ def _is_graph_model(model: Any) -> bool:
     return isinstance(model, keras.Sequential) or type(model).__name__ == "Functional"
 
 
-def own_scope(model: Any):
-    """The scope of the strategy a model was built in (its variables are read there)."""
-    own = getattr(model, "_distribute_strategy", None)
-    return own.scope() if own is not None else contextlib.nullcontext()
-
-
 def _restore_optimizer_state(new: Any, state: list | None) -> bool:
     optimizer = getattr(new, "optimizer", None)
     if optimizer is None or state is None:
@@ -244,19 +209,20 @@ def names_in(cell: str) -> set[str]:
 
 
 def rewrap_namespace(
-    namespace: MutableMapping[str, Any], names: Iterable[str], strategy: Any
+    namespace: MutableMapping[str, Any], names: Iterable[str], connection: Any
 ) -> list[Rewrapped]:
-    """Rewraps every model among `names` that was built outside `strategy`, rebinding all names.
+    """Rewraps every model among `names` built outside the connection's strategy, rebinding
+    all names.
 
     Every name in the namespace that pointed at an old model points at its new one.
     """
     done: list[Rewrapped] = []
     for name in sorted(names):
         model = namespace.get(name)
-        if not isinstance(model, keras.Model) or not built_outside(model, strategy):
+        if not isinstance(model, keras.Model) or not built_outside(model, connection):
             continue
-        new, copied = rewrap(model, strategy, custom_objects_from(namespace, model), label=name)
-        rebound = tuple(sorted(k for k, v in namespace.items() if v is model and not k.startswith("_")))
+        new, copied = rewrap(model, connection, custom_objects_from(namespace, model), label=name)
+        rebound = tuple(names_of(namespace, model))
         for key in rebound:
             namespace[key] = new
         done.append(Rewrapped(rebound, model, new, copied))

@@ -21,9 +21,10 @@ import keras
 import numpy as np
 
 from tpu_magic.atomic import atomic_path
-from tpu_magic.backends import on_the_cpu
+from tpu_magic import backends
 from tpu_magic.errors import SyncError
-from tpu_magic.rewrap import custom_objects_from, own_scope, unbuildable
+from tpu_magic.rewrap import custom_objects_from, unbuildable
+from tpu_magic.variables import name_of, replica_weights
 
 WEIGHTS_SUFFIX = ".weights.h5"  # Keras 3 refuses any other ending for weights files
 PROBE_ROWS = 8
@@ -86,9 +87,7 @@ def choose_model(namespace: Mapping[str, Any], name: str | None,
                 "nothing trained yet: run a %%tpu_train cell that calls fit, or name the model "
                 "to copy, e.g. `%tpu_sync model`"
             )
-        named = [k for k, v in namespace.items() if v is last_model and not k.startswith("_")]
-        name = last_name if last_name in named else (sorted(named)[0] if named else "model")
-        return name, last_model
+        return name_of(namespace, last_model, preferred=last_name) or "model", last_model
     if name not in namespace:
         raise SyncError(f"no variable named {name!r} in the notebook: name a Keras model, "
                         "or leave MODEL out to copy the model trained last")
@@ -130,28 +129,6 @@ def weights_path(text: str) -> Path:
     return path
 
 
-def replica_weights(model: Any) -> tuple[list[np.ndarray], int, int]:
-    """The model's weights as arrays, averaged over replicas where the replicas disagree.
-
-    Returns:
-        (the arrays in `model.weights` order, how many variables were averaged,
-        the number of replicas seen).
-    """
-    arrays, averaged, replicas = [], 0, 1
-    with own_scope(model):
-        for weight in model.weights:
-            variable = getattr(weight, "value", weight)
-            parts = [np.asarray(p) for p in getattr(variable, "values", (variable,))]
-            replicas = max(replicas, len(parts))
-            first = parts[0]
-            if len(parts) > 1 and not all(np.array_equal(first, p) for p in parts[1:]):
-                if np.issubdtype(first.dtype, np.floating):
-                    first = np.mean(np.stack(parts), axis=0).astype(first.dtype)
-                    averaged += 1
-            arrays.append(first)
-    return arrays, averaged, replicas
-
-
 def variable_batch(config: Any) -> Any:
     """A deep copy of a serialized model with every Input's batch dimension set to None."""
     config = copy.deepcopy(config)
@@ -178,7 +155,8 @@ def variable_batch(config: Any) -> Any:
     return config
 
 
-def cpu_copy(model: Any, custom_objects: Mapping[str, Any], label: str | None = None) -> Any:
+def cpu_copy(model: Any, custom_objects: Mapping[str, Any], backend: Any,
+             label: str | None = None) -> Any:
     """The same architecture built outside every strategy on the CPU, compiled if the model was.
 
     Args:
@@ -188,7 +166,7 @@ def cpu_copy(model: Any, custom_objects: Mapping[str, Any], label: str | None = 
         SyncError: the model cannot be rebuilt from its config.
     """
     label = label or getattr(model, "name", type(model).__name__)
-    with own_scope(model):
+    with backend.reading(model):
         try:
             serialized = keras.saving.serialize_keras_object(model)
         except Exception as exc:  # noqa: BLE001 - any failure means "cannot serialize"
@@ -197,7 +175,7 @@ def cpu_copy(model: Any, custom_objects: Mapping[str, Any], label: str | None = 
     objects = {**custom_objects, type(model).__name__: type(model)}
     serialized = variable_batch(serialized)
     compile_config = serialized.pop("compile_config", None)
-    with on_the_cpu():
+    with backend.on_the_cpu():
         return _rebuild(serialized, compile_config, objects, label, type(model).__name__)
 
 
@@ -239,15 +217,15 @@ def probe_batch(model: Any, rows: int = PROBE_ROWS, seed: int = 0) -> list[np.nd
     return batch
 
 
-def _predict(model: Any, batch: list[np.ndarray]) -> list[np.ndarray]:
-    with own_scope(model):
+def _predict(model: Any, batch: list[np.ndarray], backend: Any) -> list[np.ndarray]:
+    with backend.reading(model):
         out = model(batch[0] if len(batch) == 1 else batch, training=False)
     return [np.asarray(o) for o in keras.tree.flatten(out)]
 
 
 def sync_to_cpu(model: Any, *, name: str, as_name: str,
                 custom_objects: Mapping[str, Any] = {},
-                save: str | None = None) -> tuple[Any, SyncReport]:
+                save: str | None = None, backend: Any = None) -> tuple[Any, SyncReport]:
     """Copies a trained model to the CPU; optionally writes its weights atomically.
 
     Args:
@@ -255,6 +233,7 @@ def sync_to_cpu(model: Any, *, name: str, as_name: str,
         name / as_name: the names of the model and of its copy, for the report.
         custom_objects: classes and functions its config refers to.
         save: a path for `.weights.h5` (the ending is added when missing).
+        backend: the model's `backends.Backend` (default: the imported keras's).
 
     Returns:
         (the CPU model, a `SyncReport`).
@@ -266,8 +245,9 @@ def sync_to_cpu(model: Any, *, name: str, as_name: str,
     path = weights_path(save) if save is not None else None
     if not model.built:
         raise SyncError(f"model {name!r} has no weights yet: train it first")
-    weights, averaged, replicas = replica_weights(model)
-    new = cpu_copy(model, custom_objects, label=name)
+    backend = backend or backends.active()
+    weights, averaged, replicas = replica_weights(model, backend)
+    new = cpu_copy(model, custom_objects, backend, label=name)
     try:
         new.set_weights(weights)
     except ValueError as exc:
@@ -276,7 +256,7 @@ def sync_to_cpu(model: Any, *, name: str, as_name: str,
     probe = probe_batch(new)
     diff = None
     if probe is not None:
-        ours, theirs = _predict(model, probe), _predict(new, probe)
+        ours, theirs = _predict(model, probe, backend), _predict(new, probe, backend)
         diff = max(float(np.max(np.abs(a - b))) if a.size else 0.0 for a, b in zip(ours, theirs))
     if path is not None:
         save_weights(new, path)
@@ -299,11 +279,12 @@ def save_weights(model: Any, path: Path) -> None:
 
 def sync_into(namespace: MutableMapping[str, Any], name: str | None, as_name: str | None,
               save: str | None, last_model: Any = None,
-              last_name: str | None = None) -> SyncReport:
+              last_name: str | None = None, backend: Any = None) -> SyncReport:
     """`%tpu_sync`: picks the model, copies it, and binds the copy in the namespace."""
     name, model = choose_model(namespace, name, last_model, last_name)
     target = copy_name(name, as_name)
     new, report = sync_to_cpu(model, name=name, as_name=target,
-                              custom_objects=custom_objects_from(namespace, model), save=save)
+                              custom_objects=custom_objects_from(namespace, model), save=save,
+                              backend=backend)
     namespace[target] = new
     return report

@@ -25,6 +25,16 @@ _TPU_NAME = re.compile(r"^[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?$")
 _HOSTNAME_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
 
 
+NO_TPU_FIX = (
+    "No TPU is attached to this runtime. In Colab: Runtime > Change runtime type > a TPU "
+    "(Kaggle: Settings > Accelerator > TPU), then `%tpu_connect local`. On a TPU VM today's "
+    "TPU path is JAX (`pip install \"jax[tpu]\"`, then `%tpu_connect local --backend jax`); "
+    "TensorFlow there needs its TPU build instead (`pip install tensorflow-tpu`, same version "
+    "as tensorflow, never beside JAX's libtpu), then restart. "
+    "To rehearse without a TPU: `%tpu_connect --simulate 8`."
+)
+
+
 @dataclass(frozen=True)
 class Target:
     """A validated connect target.

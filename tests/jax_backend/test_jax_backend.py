@@ -219,7 +219,7 @@ def test_a_single_chip_tpu_is_one_replica_with_tpu_advice(ip, monkeypatch):
 
 def test_the_panel_trains_syncs_and_saves_by_click_without_tensorflow(ip, tmp_path):
     connected = ip.run_line_magic("tpu_connect", "--simulate 8")  # with its panel this time
-    panel = tpu_magic.session().panel
+    panel = tpu_magic.workspace().panel
     assert connected.reused and "8 replicas" in panel.device.value
     train(ip, "keras.utils.set_random_seed(1)\n"
               "dense = keras.Sequential([keras.Input((64,)), keras.layers.Dense(10, "
@@ -229,7 +229,7 @@ def test_the_panel_trains_syncs_and_saves_by_click_without_tensorflow(ip, tmp_pa
               "validation_data=(x[1500:1513], y[1500:1513]))")
     panel.batch_size.value, panel.epochs.value = 128, 2
     panel.train_button.click()
-    report = tpu_magic.session().train_job.result(timeout=240)
+    report = tpu_magic.workspace().job.result(timeout=240)
     assert (report.epochs, report.global_batch, report.interrupted) == (2, 128, False)
     panel.sync_button.click()
     assert panel.state == "ok" and "`dense` → `dense_cpu`" in panel.status.value

@@ -5,7 +5,7 @@ import pytest
 from tpu_magic import check
 from tpu_magic.batching import plan_batches
 from tpu_magic.chips import CHIPS, chip_for
-from tpu_magic.session import Session
+from tpu_magic.session import Connection
 
 
 @pytest.mark.parametrize("name, chip", [
@@ -76,8 +76,8 @@ def test_the_check_shows_measured_against_nominal_and_memory(monkeypatch):
     view = check.DeviceView("TPU v5 lite (v5litepod-1)", v5e, memory, lambda dtype, n: 98.5)
     monkeypatch.setattr(check, "device_view", lambda s, env=None: view)
     monkeypatch.setattr(check, "_doctor", lambda s, env, versions: ())
-    one_chip = Session(target="local", kind="tpu", replicas=1, strategy=None,
-                       devices=("TPU_0",), backend="jax")
+    one_chip = Connection(target="local", kind="tpu", replicas=1, strategy=None, backend=None,
+                          devices=("TPU_0",))
     result = check.run_check(one_chip, env={})
     text = result.summary()
     assert "1 × TPU v5 lite (v5litepod-1), 1 replica\n" in text

@@ -1,0 +1,18 @@
+"""The unit suite (tests/unit) runs in a process of its own with TensorFlow blocked, and in
+seconds: the pure modules need no TensorFlow, Keras or JAX."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).parent
+
+
+def test_the_unit_suite_passes_without_tensorflow():
+    env = dict(os.environ, PYTHONPATH=str(HERE / "without_tensorflow"))
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "unit",
+         "--confcutdir=unit"], cwd=HERE, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+    assert " passed" in run.stdout and "failed" not in run.stdout

@@ -1,0 +1,47 @@
+"""The per-notebook workspace: one guard for every action a running job would disturb."""
+
+import pytest
+
+from tpu_magic.errors import BusyError
+from tpu_magic.workspace import Workspace, workspace_of
+
+
+class FakeJob:
+    def __init__(self, done: bool):
+        self._done = done
+
+    def done(self) -> bool:
+        return self._done
+
+
+@pytest.mark.parametrize("action", ["%tpu_sync", "Sync", "Save", "%tpu_connect", "%%tpu_train",
+                                    "Train"])
+def test_every_action_waits_for_a_running_job_with_one_message(action):
+    workspace = Workspace(job=FakeJob(done=False))
+    with pytest.raises(BusyError, match=f"^{action} waits: a training job started from the panel "
+                                        r"is running\. Press Stop, or wait for it "
+                                        r"\(tpu_magic.workspace\(\).job.result\(\)\)\.$"):
+        workspace.require_idle(action)
+    Workspace(job=FakeJob(done=True)).require_idle(action)  # a finished job is no obstacle
+    Workspace().require_idle(action)
+
+
+def test_a_new_connection_starts_afresh_and_the_same_one_keeps_everything():
+    workspace = Workspace()
+    first, second = object(), object()
+    workspace.connected(first)
+    workspace.panel = "panel"
+    workspace.trained("model", "m", "fit")
+    workspace.connected(first)
+    assert (workspace.panel, workspace.last_model_name, workspace.last_fit) == ("panel", "m", "fit")
+    workspace.connected(second)
+    assert (workspace.panel, workspace.last_model, workspace.last_fit) == (None, None, None)
+    assert workspace.connection is second
+
+
+def test_each_shell_has_its_own_workspace():
+    class Shell:
+        pass
+
+    one, two = Shell(), Shell()
+    assert workspace_of(one) is workspace_of(one) and workspace_of(one) is not workspace_of(two)

@@ -1,0 +1,208 @@
+"""Keras on JAX: `DataParallel` over the devices, `PyDataset` inputs, the compilation cache.
+
+Keras 3 reaches TPUs through JAX with `keras.distribution.DataParallel`: the global
+batch is split over the devices, the variables are replicated. `--simulate N` splits
+the host CPU into N XLA devices with `--xla_force_host_platform_device_count`, which
+JAX reads once, when it first starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from typing import Any, Callable, Iterator, Mapping
+
+from tpu_magic import compile_cache as cache
+from tpu_magic.backends import Named
+from tpu_magic.check import DeviceView, chip_named, device_name, host_memory, memory_of, \
+    runs_per_second
+from tpu_magic.deps import installed_versions
+from tpu_magic.errors import ConnectError, MissingDependencyError
+from tpu_magic.session import Connection
+from tpu_magic.target import Target
+from tpu_magic.variables import variables_of
+
+JAX_FIX = ("JAX is not installed: `pip install \"tpu_magic[jax]\"` (CPU), `pip install "
+           "\"jax[tpu]\"` on a TPU VM or `pip install \"jax[cuda12]\"` for GPUs, then restart "
+           "the runtime.")
+_DEVICE_COUNT = re.compile(r"--xla_force_host_platform_device_count=\d+")
+
+
+def require_jax() -> Any:
+    try:
+        import jax
+    except ImportError:
+        raise MissingDependencyError(JAX_FIX) from None
+    return jax
+
+
+def host_device_flags(flags: str, n: int) -> str:
+    """XLA_FLAGS with the host platform split into `n` devices (any earlier count replaced)."""
+    kept = _DEVICE_COUNT.sub("", flags).split()
+    return " ".join(kept + [f"--xla_force_host_platform_device_count={n}"])
+
+
+def _cache_note(setting: str | None, env: Mapping[str, str]) -> str:
+    try:
+        return cache.enable(setting, env, installed_versions()).note()
+    except OSError as exc:
+        return f"JAX's compilation cache is off: its directory cannot be made ({exc})"
+
+
+def memory_bytes(device: Any) -> tuple[int | None, int | None, int | None]:
+    """(in use, limit, peak) bytes on one device, where the runtime reports them (TPUs, GPUs)."""
+    try:
+        stats = device.memory_stats()
+    except Exception:  # noqa: BLE001 - CPU devices raise or return None
+        return None, None, None
+    stats = stats or {}
+    return stats.get("bytes_in_use"), stats.get("bytes_limit"), stats.get("peak_bytes_in_use")
+
+
+def measure_matmul(device: Any, dtype: str, n: int, min_seconds: float = 0.3) -> float:
+    """TFLOP/s of repeated n×n matmuls on one JAX device, after a compiled warm-up."""
+    jax = require_jax()
+    import jax.numpy as jnp
+
+    a = jax.device_put(jnp.asarray(jax.random.uniform(jax.random.PRNGKey(0), (n, n)), dtype),
+                       device)
+    matmul = jax.jit(lambda u, v: u @ v)
+    matmul(a, a).block_until_ready()  # warm-up: compiling
+    rate = runs_per_second(lambda: matmul(a, a), lambda c: c.block_until_ready(), min_seconds)
+    return 2.0 * n ** 3 * rate / 1e12
+
+
+class JaxBackend(Named):
+    """The `Backend` for Keras on JAX."""
+
+    name = "jax"
+    keras_name = "jax"
+    label = "JAX"
+    static_batch_is_global = True  # DataParallel traces the global batch
+
+    def connect(self, chosen: Target, simulate: int | None, *, explicit_gpu: bool,
+                compile_cache: str | None, env: Mapping[str, str],
+                probe_node: Callable[[Target], Any] = lambda chosen: None
+                ) -> tuple[Connection, Target]:
+        """Connects through JAX and makes Keras's `DataParallel` over the devices.
+
+        `compile_cache` (a directory, "off", or None to choose) sets JAX's persistent
+        compilation cache (see `compile_cache`); where it went is one of the notes.
+
+        Raises:
+            ConnectError: no such device here, or JAX already started with another CPU split.
+            MissingDependencyError: JAX is not installed.
+        """
+        if simulate is not None:
+            os.environ["XLA_FLAGS"] = host_device_flags(os.environ.get("XLA_FLAGS", ""), simulate)
+        jax = require_jax()
+        import keras
+
+        if chosen.kind == "tpu" and chosen.address != "local":
+            raise ConnectError(
+                f"JAX reaches TPUs on TPU VMs (`%tpu_connect local --backend jax`), not a TPU "
+                f"node at {chosen.address}: use `--backend tf` for that.")
+        if simulate is not None:
+            devices = jax.devices("cpu")
+            if len(devices) != simulate:
+                raise ConnectError(
+                    f"--simulate {simulate} needs {simulate} CPU devices, but JAX already started "
+                    f"with {len(devices)}. Restart the runtime and run `%tpu_connect --backend jax "
+                    f"--simulate {simulate}` before anything uses JAX.")
+            kind, target = "cpu", f"simulate:{simulate}"
+        else:
+            kind = chosen.kind
+            try:
+                devices = jax.devices(kind)
+            except RuntimeError as exc:
+                if kind == "gpu" and not explicit_gpu:  # auto saw GPU device files JAX cannot use
+                    chosen = Target("cpu", None, f"{chosen.reason}, but JAX has no GPU backend "
+                                                 "(`pip install \"jax[cuda12]\"`)", chosen.notes)
+                    kind, devices = "cpu", jax.devices("cpu")
+                else:
+                    raise ConnectError(f"JAX finds no {kind.upper()} here ({exc}). "
+                                       + ("In Colab choose Runtime > Change runtime type > a TPU."
+                                          if kind == "tpu" else JAX_FIX)) from None
+            if kind == "cpu":
+                devices = devices[:1]
+            target = chosen.label
+        # In force only inside %%tpu_train cells (its `scope()`), like a tf.distribute strategy:
+        # a global distribution would also split every batch of the user's other models.
+        distribution = keras.distribution.DataParallel(devices=list(devices))
+        chosen = Target(chosen.kind, chosen.address, chosen.reason,
+                        chosen.notes + (_cache_note(compile_cache, env),))
+        return Connection(target=target, kind=kind, replicas=len(devices), strategy=distribution,
+                          simulated=simulate is not None, devices=tuple(str(d) for d in devices),
+                          backend=self), chosen
+
+    def device_view(self, connection: Connection, env: Mapping[str, str]) -> DeviceView:
+        jax = require_jax()
+        device = jax.devices(connection.kind)[0]
+        name = device_name(connection.kind, getattr(device, "device_kind", ""),
+                           connection.simulated, env)
+        chip = chip_named(connection.kind, name, env)
+        if connection.kind == "cpu":
+            memory = host_memory()
+        else:
+            memory = memory_of(*memory_bytes(device), chip, name)
+        return DeviceView(name, chip, memory, lambda dtype, n: measure_matmul(device, dtype, n))
+
+    # -- inputs ----------------------------------------------------------------------------
+
+    def inputs(self) -> Any:
+        from tpu_magic.backends import jax_data
+
+        return jax_data
+
+    def repeats_input(self, steps_per_execution: int, steps_given: bool) -> bool:
+        return False  # a PyDataset is asked for each epoch
+
+    def whole_dataset(self, data: Any, batch: int, strategy: Any,
+                      note: Callable[[str], None]) -> Any:
+        return data  # tf.data datasets on JAX go to Keras as they are
+
+    def dataset_batch_size(self, data: Any) -> int | None:
+        return None
+
+    def steps_per_execution_note(self, connection: Connection, steps: int) -> str | None:
+        return None
+
+    def compile_counts(self) -> cache.CompileCounts | None:
+        return cache.counts()
+
+    # -- variables -------------------------------------------------------------------------
+
+    def built_outside(self, model: Any, strategy: Any) -> bool:
+        """Variables made in a `DataParallel` scope span all its devices; others sit on one."""
+        devices = strategy.device_mesh.devices.size
+        for variable in variables_of(model):
+            sharding = getattr(getattr(variable, "value", variable), "sharding", None)
+            if sharding is not None and len(sharding.device_set) != devices:
+                return True
+        return False
+
+    def built_for(self, model: Any, strategy: Any) -> bool:
+        return bool(model.weights) and not self.built_outside(model, strategy)
+
+    def reading(self, model: Any) -> Any:
+        return contextlib.nullcontext()  # a replicated jax.Array reads as one value
+
+    def replica_values(self, variable: Any) -> list[Any]:
+        return [getattr(variable, "value", variable)]
+
+    @contextlib.contextmanager
+    def on_the_cpu(self) -> Iterator[None]:
+        import keras
+
+        jax = require_jax()
+        distribution = keras.distribution.distribution()
+        keras.distribution.set_distribution(None)
+        try:
+            with jax.default_device(jax.devices("cpu")[0]):
+                yield
+        finally:
+            keras.distribution.set_distribution(distribution)
+
+
+BACKEND = JaxBackend()

@@ -1,0 +1,264 @@
+"""Keras on TensorFlow: `tf.distribute` strategies, tf.data inputs, mirrored variables.
+
+`TPUStrategy` on a TPU (a TPU VM's `local` or a TPU node), `MirroredStrategy` over
+several GPUs or over N logical CPUs (`--simulate N`), `OneDeviceStrategy` on one GPU,
+the default strategy on the CPU. TensorFlow is imported by the methods, never here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator, Mapping
+
+from tpu_magic.backends import Named
+from tpu_magic.check import DeviceView, chip_named, device_name, host_memory, memory_of, \
+    runs_per_second
+from tpu_magic.deps import require_tensorflow
+from tpu_magic.errors import ConnectError
+from tpu_magic.session import Connection
+from tpu_magic.target import NO_TPU_FIX, Target
+from tpu_magic.variables import variables_of
+
+
+class TpuRuntime:
+    """The TensorFlow calls that need a real TPU; tests replace this object."""
+
+    def initialize(self, address: str) -> Any:
+        tf = require_tensorflow()
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=address)
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+        return resolver
+
+    def strategy(self, resolver: Any) -> Any:
+        tf = require_tensorflow()
+        return tf.distribute.TPUStrategy(resolver)
+
+
+tpu_runtime = TpuRuntime()
+# The TPU address initialised in this process: TensorFlow allows one per process.
+_initialized_tpu: str | None = None
+
+# One MirroredStrategy per device set and process. Measured: a second one over the same
+# devices restarts the collective instance keys, and its first all-reduce fails with
+# "Shape mismatch in the collective instance" against shapes the runtime cached.
+_mirrored: dict[tuple[str, ...], Any] = {}
+
+
+def configure_logical_cpus(n: int) -> None:
+    """Splits the CPU into `n` logical devices (before TensorFlow's runtime starts).
+
+    Raises:
+        ConnectError: the runtime already started with another split.
+    """
+    tf = require_tensorflow()
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    try:
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(n)]
+        )
+    except RuntimeError:
+        have = len(tf.config.list_logical_devices("CPU"))
+        if have != n:
+            raise ConnectError(
+                f"--simulate {n} needs {n} logical CPU devices, but TensorFlow's runtime already "
+                f"started with {have}. Restart the runtime and run `%tpu_connect --simulate {n}` "
+                "before anything else uses TensorFlow."
+            ) from None
+
+
+def mirrored_strategy(tf: Any, devices: tuple[str, ...]) -> Any:
+    """The process's MirroredStrategy over `devices` (made once)."""
+    if devices not in _mirrored:
+        _mirrored[devices] = tf.distribute.MirroredStrategy(list(devices))
+    return _mirrored[devices]
+
+
+def measure_matmul(tf: Any, device: str, dtype: str, n: int, min_seconds: float = 0.3) -> float:
+    """TFLOP/s of repeated n×n matmuls on one device, after a warm-up run."""
+    with tf.device(device):
+        a = tf.random.uniform((n, n), dtype=tf.float32)
+        a = tf.cast(a, dtype)
+        b = tf.identity(a)
+        tf.linalg.matmul(a, b).numpy()  # warm-up: kernel selection, transfers
+        rate = runs_per_second(lambda: tf.linalg.matmul(a, b), lambda c: c.numpy(), min_seconds)
+    return 2.0 * n ** 3 * rate / 1e12
+
+
+class TensorFlowBackend(Named):
+    """The `Backend` for Keras on TensorFlow."""
+
+    name = "tf"
+    keras_name = "tensorflow"
+    label = "TensorFlow"
+    static_batch_is_global = False  # Keras gives each replica the Input's fixed batch
+
+    # -- connecting ------------------------------------------------------------------------
+
+    def connect(self, chosen: Target, simulate: int | None, *, explicit_gpu: bool,
+                compile_cache: str | None, env: Mapping[str, str],
+                probe_node: Callable[[Target], Any] = lambda chosen: None
+                ) -> tuple[Connection, Target]:
+        if chosen.kind == "tpu" and _initialized_tpu not in (None, chosen.address):
+            raise ConnectError(
+                f"this process is already connected to TPU {_initialized_tpu}; TensorFlow cannot "
+                f"switch to {chosen.address} in the same process. Restart the runtime "
+                f"(Runtime > Restart session), then `%tpu_connect {chosen.address}`."
+            )
+        if chosen.is_tpu_node and _initialized_tpu is None:
+            probe_node(chosen)
+        tf = require_tensorflow()
+        if simulate is not None:
+            return self._simulated(tf, simulate), chosen
+        if chosen.kind == "tpu":
+            return self._tpu(tf, chosen), chosen
+        if chosen.kind == "gpu":
+            return self._gpu(tf, chosen, explicit_gpu)
+        return self._connection(target="cpu", kind="cpu", replicas=1,
+                                strategy=tf.distribute.get_strategy(), devices=("/cpu:0",)), chosen
+
+    def _connection(self, **fields: Any) -> Connection:
+        return Connection(backend=self, **fields)
+
+    def _simulated(self, tf: Any, n: int) -> Connection:
+        configure_logical_cpus(n)
+        devices = tuple(f"/cpu:{i}" for i in range(n))
+        return self._connection(target=f"simulate:{n}", kind="cpu", replicas=n,
+                                strategy=mirrored_strategy(tf, devices), simulated=True,
+                                devices=devices)
+
+    def _tpu(self, tf: Any, chosen: Target) -> Connection:
+        global _initialized_tpu
+        address = chosen.address
+        try:
+            resolver = tpu_runtime.initialize(address)
+        except tf.errors.NotFoundError as exc:
+            if address == "local":
+                first = str(exc).strip().splitlines()[0][:160]
+                raise ConnectError(f"{NO_TPU_FIX} (TensorFlow said: {first})") from None
+            raise ConnectError(f"TPU {address} could not be initialised: {exc}") from None
+        except ValueError as exc:
+            raise ConnectError(f"TPU {address} could not be resolved: {exc}") from None
+        _initialized_tpu = address
+        strategy = tpu_runtime.strategy(resolver)
+        devices = tuple(d.name for d in tf.config.list_logical_devices("TPU"))
+        return self._connection(target=address, kind="tpu",
+                                replicas=strategy.num_replicas_in_sync, strategy=strategy,
+                                devices=devices)
+
+    def _gpu(self, tf: Any, chosen: Target, explicit: bool) -> tuple[Connection, Target]:
+        gpus = tf.config.list_physical_devices("GPU")
+        if not gpus:
+            fix = (
+                "TensorFlow sees no GPU: in Colab choose Runtime > Change runtime type > a GPU; "
+                "elsewhere install a CUDA build (`pip install \"tensorflow[and-cuda]\"`; "
+                "tensorflow-cpu has no GPU support)."
+            )
+            if explicit:
+                raise ConnectError(fix)
+            chosen = Target("cpu", None, chosen.reason + ", but " + fix, chosen.notes)
+            return self._connection(target="cpu", kind="cpu", replicas=1,
+                                    strategy=tf.distribute.get_strategy(),
+                                    devices=("/cpu:0",)), chosen
+        devices = tuple(f"/gpu:{i}" for i in range(len(gpus)))
+        strategy = (tf.distribute.OneDeviceStrategy(devices[0]) if len(gpus) == 1
+                    else mirrored_strategy(tf, devices))
+        return self._connection(target="gpu", kind="gpu", replicas=len(gpus), strategy=strategy,
+                                devices=devices), chosen
+
+    def device_view(self, connection: Connection, env: Mapping[str, str]) -> DeviceView:
+        tf = require_tensorflow()
+        device = connection.devices[0] if connection.devices else "/cpu:0"
+        runtime_name = ""
+        if connection.kind == "gpu":
+            details = tf.config.experimental.get_device_details(
+                tf.config.list_physical_devices("GPU")[0])
+            runtime_name = details.get("device_name", "GPU")
+        name = device_name(connection.kind, runtime_name, connection.simulated, env)
+        chip = chip_named(connection.kind, name, env)
+        memory = host_memory() if connection.kind == "cpu" else None
+        if connection.kind in ("gpu", "tpu"):
+            try:
+                info = tf.config.experimental.get_memory_info(device.lstrip("/").upper())
+                memory = memory_of(info["current"], None, info["peak"], chip, name)
+            except (ValueError, RuntimeError, tf.errors.OpError):
+                memory = memory_of(None, None, None, chip, name)
+        return DeviceView(name, chip, memory,
+                          lambda dtype, n: measure_matmul(tf, device, dtype, n))
+
+    # -- inputs ----------------------------------------------------------------------------
+
+    def inputs(self) -> Any:
+        from tpu_magic.backends import tf_data as pipeline
+
+        return pipeline
+
+    def repeats_input(self, steps_per_execution: int, steps_given: bool) -> bool:
+        # tf.data repeats (no stall at each epoch start), except where Keras would run whole
+        # executions of K steps on an endless dataset and so overshoot the epoch.
+        return steps_per_execution == 1 or steps_given
+
+    def whole_dataset(self, data: Any, batch: int, strategy: Any,
+                      note: Callable[[str], None]) -> Any:
+        from tpu_magic.backends import tf_data as pipeline
+
+        if not pipeline.labelled(data):
+            return data
+        if getattr(strategy, "num_replicas_in_sync", 1) > 1 and pipeline.unseeded_shuffle(data):
+            note("the dataset shuffles without a seed, so it cannot be split into one "
+                 "pipeline per replica (each would shuffle its own way) and Keras "
+                 "distributes it: freeing its iterator can make fit wait seconds to "
+                 "minutes after the last step. Seed the shuffle, `shuffle(n, seed=1)`, "
+                 "or call keras.utils.set_random_seed(...) before building the dataset.")
+        return pipeline.whole_batches(data, batch, strategy)
+
+    def dataset_batch_size(self, data: Any) -> int | None:
+        from tpu_magic.backends.tf_data import dataset_batch_size
+
+        return dataset_batch_size(data)
+
+    def steps_per_execution_note(self, connection: Connection, steps: int) -> str | None:
+        if steps > 1 and connection.replicas > 1 and \
+                type(connection.strategy).__name__ == "MirroredStrategy":
+            return (f"steps_per_execution {steps} fails in Keras 3 under MirroredStrategy with "
+                    f"{connection.replicas} replicas (keras-team/keras#19246): running 1 step "
+                    "per execution here; on a TPU it applies.")
+        return None
+
+    def compile_counts(self) -> None:
+        return None  # TensorFlow keeps no persistent compilation cache for Keras's steps
+
+    # -- variables -------------------------------------------------------------------------
+
+    def built_outside(self, model: Any, strategy: Any) -> bool:
+        own = getattr(model, "_distribute_strategy", None)  # Keras sets it when made in a scope
+        if own is not None and own is not strategy:
+            return True
+        return any(not strategy.extended.variable_created_in_scope(getattr(v, "value", v))
+                   for v in variables_of(model))
+
+    def built_for(self, model: Any, strategy: Any) -> bool:
+        if not model.weights:
+            return False
+        return getattr(model, "_distribute_strategy", None) is strategy and \
+            not self.built_outside(model, strategy)
+
+    def reading(self, model: Any) -> Any:
+        own = getattr(model, "_distribute_strategy", None)
+        return own.scope() if own is not None else contextlib.nullcontext()
+
+    def replica_values(self, variable: Any) -> list[Any]:
+        variable = getattr(variable, "value", variable)
+        return list(getattr(variable, "values", (variable,)))
+
+    @contextlib.contextmanager
+    def on_the_cpu(self) -> Iterator[None]:
+        tf = require_tensorflow()
+        if tf.distribute.has_strategy():
+            raise ConnectError("%tpu_sync builds the CPU copy outside every strategy: run it in "
+                               "its own cell, not inside %%tpu_train")
+        with tf.device("/cpu:0"):
+            yield
+
+
+BACKEND = TensorFlowBackend()

@@ -1,0 +1,168 @@
+"""Input planning for one `fit`/`evaluate`/`predict` call: its batch, checked before it runs.
+
+Which batch a call means (its own `batch_size`, `--batch-size`, a batch fixed in the
+model's Input, a dataset's batch, or Keras's default), whether it splits over the
+replicas, the batch NumPy data is cut into, and the inputs a connection cannot take.
+Pure decisions: nothing here trains or prints; warnings come back for the cell to say.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import keras
+
+from tpu_magic import arrays
+from tpu_magic.batching import TPU_TILE, BatchPlan, plan_batches
+from tpu_magic.errors import BatchSizeError, InputError
+
+KERAS_DEFAULT_BATCH = 32
+
+
+def is_dataset(data: Any) -> bool:
+    """A tf.data dataset (or anything with an element spec)."""
+    return hasattr(data, "element_spec")
+
+
+def static_batch(model: Any) -> int | None:
+    """A batch size fixed in the model's Input(s), e.g. `keras.Input(batch_shape=(128, 40))`."""
+    try:
+        sizes = {t.shape[0] for t in model.inputs}
+    except (AttributeError, TypeError, ValueError):
+        return None
+    sizes.discard(None)
+    return sizes.pop() if len(sizes) == 1 else None
+
+
+def plan_call(method: str, model: Any, call: dict, named: set, connection: Any,
+              flag_batch: int | None, key: str = "batch_size",
+              label: str | None = None) -> BatchPlan:
+    """The batch of one call, checked against the connection's replicas.
+
+    Args:
+        method: "fit", "evaluate" or "predict".
+        call / named: the call's arguments, and which of them the user named.
+        flag_batch: `--batch-size`, if given.
+        key: the argument that holds the batch.
+        label: the user's name for the model, for messages.
+
+    Returns:
+        A `BatchPlan` whose warnings the cell says (a plan of batch 0 where a dataset's
+        batch cannot be told).
+
+    Raises:
+        BatchSizeError: the batch does not split over the replicas.
+        InputError: inputs this connection cannot take (see `refuse_strings`).
+    """
+    replicas = connection.replicas
+    # A batch size fixed in the Input is what each replica gets (Keras splits per replica);
+    # where the backend traces the global batch, it is the global one.
+    static = static_batch(model)
+    if static is not None and connection.backend.static_batch_is_global:
+        static = plan_batches(static, replicas, what="the batch fixed in the model's Input"
+                              ).per_replica
+    data = call.get("x")
+    refuse_strings(model, data, connection, label)
+    if is_dataset(data):
+        batch, what = connection.backend.dataset_batch_size(data), "the dataset's batch"
+        if batch is None:
+            return BatchPlan(0, replicas, 0)
+    elif key in named and call.get(key) is not None:
+        batch, what = call[key], key
+    elif flag_batch is not None:
+        batch, what = flag_batch, "--batch-size"
+    elif static is not None:
+        batch, what = static * replicas, key
+    elif method == "fit":
+        batch, what = KERAS_DEFAULT_BATCH, key  # Keras's default, advice included
+    else:
+        # evaluate/predict: any batch gives the same results, so pick one that fits.
+        unit = _unit(connection)
+        batch, what = math.ceil(KERAS_DEFAULT_BATCH / unit) * unit, key
+    return plan_batches(batch, replicas, tpu_rules=connection.tpu_rules,
+                        static_per_replica=static, what=what)
+
+
+def validation_plan(call: dict, plan: BatchPlan, model: Any, connection: Any) -> BatchPlan:
+    """The batch of `fit`'s validation pass: its own, else the training batch."""
+    batch = call.get("validation_batch_size") or plan.global_batch
+    return plan_batches(batch, connection.replicas, what="validation_batch_size",
+                        static_per_replica=plan.per_replica if static_batch(model) else None)
+
+
+def padded_batch(plan: BatchPlan, model: Any, samples: int, connection: Any,
+                 drop: bool = False) -> int:
+    """The batch NumPy data is cut into.
+
+    A batch larger than the data shrinks to the data, rounded up to whole replicas (the
+    same results without padding, say, 10**9 rows); with `drop` (no padding), rounded
+    down instead.
+
+    Raises:
+        BatchSizeError: with `drop`, too few samples for one batch over the replicas.
+    """
+    if static_batch(model) is not None:
+        return plan.global_batch
+    unit = _unit(connection)
+    if not drop:
+        return min(plan.global_batch, max(1, math.ceil(samples / unit)) * unit)
+    whole = (samples // unit) * unit or (samples // plan.replicas) * plan.replicas
+    if not whole:
+        raise BatchSizeError(
+            f"{samples} sample{'s' * (samples != 1)} cannot fill one batch over "
+            f"{plan.replicas} replicas, and this model's loss cannot skip padding: pass at "
+            f"least {plan.replicas} samples")
+    return min(plan.global_batch, whole)
+
+
+def refuse_strings(model: Any, data: Any, connection: Any, label: str | None = None) -> None:
+    """Strings cannot be split over replicas, nor go to a TPU: say where they belong.
+
+    Raises:
+        InputError: the model gets strings on several replicas or a TPU.
+    """
+    if connection.replicas == 1 and connection.kind != "tpu":
+        return
+    found = arrays.string_input(model, data)
+    if found is not None:
+        raise InputError(
+            f"model {label or model.name!r} gets strings ({found}): a TPU "
+            "cannot run string ops and replicas cannot split them. Move the text "
+            "vectorization into the tf.data pipeline, `dataset.map(lambda x, y: "
+            "(vectorize_layer(x), y))`, and give the model its integer output (as the Keras "
+            "TPU guides do); keep a model with the TextVectorization layer for inference "
+            "on the CPU.")
+
+
+def fold_class_weight(y: Any, weights: Any, class_weight: dict | None) -> Any:
+    """`class_weight` folded into per-sample weights (Keras's own rule), as Keras does.
+
+    Raises:
+        InputError: both class and sample weights, or targets that are not one array.
+    """
+    if not class_weight:
+        return weights
+    if weights is not None:
+        raise InputError("fit got both class_weight and sample_weight (Keras takes one): "
+                         "multiply the class weights into sample_weight, or drop one")
+    if y is None or keras.tree.is_nested(y):
+        raise InputError("class_weight works with one target array (a single output): "
+                         "give per-sample weights as sample_weight instead")
+    return arrays.class_weights_to_sample_weights(y, class_weight)
+
+
+def split_validation(x: Any, y: Any, weights: Any, fraction: float) -> tuple[tuple, tuple]:
+    """Keras's validation_split: the last samples, before shuffling, are for validation."""
+    cut = int(math.floor(arrays.num_samples(x) * (1.0 - fraction)))
+
+    def part(piece: slice) -> tuple:
+        return tuple(None if a is None else keras.tree.map_structure(lambda v: v[piece], a)
+                     for a in (x, y, weights))
+
+    return part(slice(None, cut)), part(slice(cut, None))
+
+
+def _unit(connection: Any) -> int:
+    """The smallest batch step: whole replicas, and on a TPU whole 8-row tiles per replica."""
+    return connection.replicas * (TPU_TILE if connection.tpu_rules else 1)

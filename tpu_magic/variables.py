@@ -1,0 +1,69 @@
+"""A distributed model's variables: finding, reading, averaging, and the user's name for it.
+
+Rewrap, `%tpu_sync` and checkpoints all read a model trained under a strategy. The
+backend says where its variables can be read and what each replica holds (see
+`backends.Backend.reading` and `replica_values`); the averaging rule is here, once.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+
+def variables_of(model: Any) -> list[Any]:
+    """The model's weights, then its optimizer's variables."""
+    found = list(model.weights)
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None:
+        found += list(optimizer.variables)
+    return found
+
+
+def replica_weights(model: Any, backend: Any) -> tuple[list[np.ndarray], int, int]:
+    """The model's weights as arrays, averaged over replicas where the replicas disagree.
+
+    Replicas disagree on variables each replica updates alone (e.g. BatchNormalization's
+    moving statistics under MirroredStrategy); trained weights agree.
+
+    Returns:
+        (the arrays in `model.weights` order, how many variables were averaged,
+        the number of replicas seen).
+    """
+    arrays, averaged, replicas = [], 0, 1
+    with backend.reading(model):
+        for weight in model.weights:
+            parts = [np.asarray(p) for p in backend.replica_values(weight)]
+            replicas = max(replicas, len(parts))
+            first = parts[0]
+            if len(parts) > 1 and not all(np.array_equal(first, p) for p in parts[1:]):
+                if np.issubdtype(first.dtype, np.floating):
+                    first = np.mean(np.stack(parts), axis=0).astype(first.dtype)
+                    averaged += 1
+            arrays.append(first)
+    return arrays, averaged, replicas
+
+
+def optimizer_state(model: Any, backend: Any) -> list[np.ndarray] | None:
+    """The optimizer's variables as arrays (None: no optimizer, or not built yet)."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None or not optimizer.built:
+        return None
+    with backend.reading(model):
+        return [np.asarray(backend.replica_values(v)[0]) for v in optimizer.variables]
+
+
+def names_of(namespace: Mapping[str, Any], obj: Any) -> list[str]:
+    """The notebook's names for `obj`, sorted (private `_names` left out)."""
+    if obj is None:
+        return []
+    return sorted(k for k, v in namespace.items() if v is obj and not k.startswith("_"))
+
+
+def name_of(namespace: Mapping[str, Any], obj: Any, preferred: str | None = None) -> str | None:
+    """The user's name for `obj`: `preferred` where it still names it, else the first."""
+    names = names_of(namespace, obj)
+    if preferred in names:
+        return preferred
+    return names[0] if names else None

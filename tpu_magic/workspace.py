@@ -1,0 +1,81 @@
+"""What a notebook did since it connected: one `Workspace` per IPython shell.
+
+The connection (`session.Connection`) says what the accelerator is; the workspace holds
+what changes as the notebook runs: the panel, the model trained last and its `fit`, and
+the training job the panel started. The magics own it and are its only writers, on the
+notebook's thread; a job hands back its report and writes nothing here.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+from tpu_magic.errors import BusyError
+
+
+@dataclass
+class Workspace:
+    """One notebook's state.
+
+    Attributes:
+        panel: the ipywidgets panel, once shown.
+        last_model / last_model_name: the model the last `%%tpu_train` cell trained, and
+            the user's name for it.
+        last_fit: that model's last `fit` (a `train.FitCall`): what the panel's Train repeats.
+        job: the training job the panel's Train started last (a `job.TrainJob`).
+    """
+
+    panel: Any = None
+    last_model: Any = None
+    last_model_name: str | None = None
+    last_fit: Any = None
+    job: Any = None
+    connection: Any = None  # the connection the rest belongs to
+
+    @property
+    def busy(self) -> bool:
+        """Whether a job from the panel is training now."""
+        return self.job is not None and not self.job.done()
+
+    def require_idle(self, action: str) -> None:
+        """Refuses `action` while a job trains: it would read or replace weights mid-step.
+
+        Raises:
+            BusyError: a job is running.
+        """
+        if self.busy:
+            raise BusyError(f"{action} waits: a training job started from the panel is running. "
+                            "Press Stop, or wait for it (tpu_magic.workspace().job.result()).")
+
+    def connected(self, connection: Any) -> None:
+        """A connect: a new connection starts afresh (its panel, no model trained on it);
+        the same one, reused, keeps everything."""
+        if connection is not self.connection:
+            self.panel = self.last_model = self.last_model_name = self.last_fit = self.job = None
+            self.connection = connection
+
+    def trained(self, model: Any, name: str | None, fit: Any) -> None:
+        """A `%%tpu_train` cell's last `fit`: the model Sync, Save and Train act on."""
+        self.last_model, self.last_model_name, self.last_fit = model, name, fit
+
+
+_workspaces: "weakref.WeakKeyDictionary[Any, Workspace]" = weakref.WeakKeyDictionary()
+
+
+def workspace_of(shell: Any) -> Workspace:
+    """The shell's workspace (made on first use)."""
+    if shell not in _workspaces:
+        _workspaces[shell] = Workspace()
+    return _workspaces[shell]
+
+
+def workspace() -> Workspace | None:
+    """The running IPython shell's workspace, or None outside IPython."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    shell = get_ipython()
+    return None if shell is None else workspace_of(shell)
