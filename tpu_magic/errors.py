@@ -49,3 +49,7 @@ class CheckpointError(TpuMagicError):
 
 class BusyError(TpuMagicError):
     """An action refused while a training job from the panel is running."""
+
+
+class PrecisionError(TpuMagicError):
+    """A --precision value that is not one of the known ones."""

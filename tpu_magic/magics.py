@@ -11,7 +11,7 @@ import functools
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
-from traitlets import Float
+from traitlets import Float, Unicode
 from traitlets.config import Configurable
 
 from tpu_magic.errors import TpuMagicError
@@ -35,6 +35,9 @@ class TpuMagics(Magics, Configurable):
     """`%tpu_connect`, `%%tpu_train`, `%tpu_sync`."""
 
     timeout = Float(30.0, help="Default seconds a TPU node may take to answer.").tag(config=True)
+    precision = Unicode("", help="Default --precision of %%tpu_train: auto, bf16, mixed_bf16, "
+                                 "fp16 or fp32 ('': the Keras dtype policy as it is)."
+                        ).tag(config=True)
 
     def __init__(self, shell):
         Configurable.__init__(self, config=shell.config)
@@ -166,6 +169,10 @@ class TpuMagics(Magics, Configurable):
               help="with --checkpoint: how many of the newest checkpoints to keep (default 2)")
     @argument("--resume", action="store_true",
               help="with --checkpoint: continue from the newest checkpoint in DIR")
+    @argument("--precision", metavar="auto|bf16|mixed_bf16|fp16|fp32",
+              help="dtype policy for models built in the cell (auto: mixed bfloat16 on TPUs "
+                   "and bf16 GPUs, mixed float16 on older GPUs, float32 on CPUs; default "
+                   "TpuMagics.precision, else Keras's policy as it is)")
     @argument("--no-progress", action="store_true", help="no progress bar")
     @cell_magic
     @usage_errors
@@ -198,7 +205,9 @@ class TpuMagics(Magics, Configurable):
                                    steps_per_execution=args.steps_per_execution,
                                    progress=not args.no_progress, checkpoint=args.checkpoint,
                                    keep=2 if args.keep is None else args.keep,
-                                   resume=args.resume)
+                                   resume=args.resume,
+                                   precision=(args.precision if args.precision is not None
+                                              else self.precision or None))
             training = TrainingCell(session(), options, self.shell.user_ns, bar=_progress_bar(),
                                     view=workspace.panel)
             code = self.shell.transform_cell(cell)

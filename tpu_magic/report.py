@@ -26,6 +26,7 @@ class TrainReport:
         rewrapped / notes: what tpu_magic changed or advises.
         checkpoints: the checkpoint files written (--checkpoint), oldest first.
         resumed_from: the checkpoint training continued from (--resume).
+        precision: the dtype policy `--precision` put in force, and why.
         xla_compile: on the JAX backend, the last `fit`'s XLA compilations: programs from
             JAX's persistent cache and programs compiled, and the seconds they took.
         left_out: samples left out of a pass ("fit" per epoch, "validation", "evaluate") for
@@ -54,12 +55,15 @@ class TrainReport:
     resumed_from: str | None = None
     left_out: dict[str, int] = field(default_factory=dict)
     xla_compile: Any = None  # a `compile_cache.CompileCounts`
+    precision: str | None = None
     seconds: float = 0.0
 
     def summary(self) -> str:
         lines = [f"tpu_train: {self.strategy}, {self.replicas} replica{'s' * (self.replicas != 1)}"
                  + (f", model `{self.model_name}`" if self.model_name else "")
                  + f", {self.seconds:.1f} s"]
+        if self.precision:
+            lines.append(f"  precision: {self.precision}")
         if self.fits:
             lines.append(f"  batch {self.global_batch} ({self.per_replica} per replica), "
                          f"{self.epochs} epoch{'s' * (self.epochs != 1)}"

@@ -23,6 +23,7 @@ import numpy as np
 from tpu_magic.atomic import atomic_path
 from tpu_magic import backends
 from tpu_magic.errors import SyncError
+from tpu_magic.precision import float32_config
 from tpu_magic.rewrap import custom_objects_from, unbuildable
 from tpu_magic.variables import name_of, replica_weights
 
@@ -173,7 +174,7 @@ def cpu_copy(model: Any, custom_objects: Mapping[str, Any], backend: Any,
             raise SyncError(f"model {label!r} cannot be serialized to build a CPU copy ({exc}); "
                             "give its class a get_config()") from None
     objects = {**custom_objects, type(model).__name__: type(model)}
-    serialized = variable_batch(serialized)
+    serialized = float32_config(variable_batch(serialized))  # float32 for any 16-bit policy
     compile_config = serialized.pop("compile_config", None)
     with backend.on_the_cpu():
         return _rebuild(serialized, compile_config, objects, label, type(model).__name__)

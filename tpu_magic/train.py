@@ -17,7 +17,7 @@ from typing import Any, Callable, MutableMapping
 
 import keras
 
-from tpu_magic import arrays, checkpointing, exactness, planning, routing
+from tpu_magic import arrays, checkpointing, exactness, planning, precision, routing
 from tpu_magic.batching import BatchPlan, plan_batches, scaled_learning_rate
 from tpu_magic.checkpoint import CheckpointStore, Checkpointing
 from tpu_magic.errors import CheckpointError, InputError, RewrapError
@@ -55,6 +55,7 @@ class TrainOptions:
     checkpoint: str | None = None  # a directory
     keep: int = 2
     resume: bool = False
+    precision: str | None = None  # --precision; None: the Keras dtype policy as it is
 
 
 class TrainingCell:
@@ -89,6 +90,7 @@ class TrainingCell:
         self.data = connection.backend.inputs()
         self.store: CheckpointStore | None = None
         self._resume_pending = False
+        self.precision: precision.Precision | None = None
 
     def run(self, execute: Callable[[], Any], cell: str) -> TrainReport:
         """Rewraps the models the cell names, then runs it with the strategy in force."""
@@ -100,18 +102,29 @@ class TrainingCell:
             self.store = checkpointing.open_store(self.options.checkpoint, self.options.keep,
                                                   self.options.resume)
             self._resume_pending = self.options.resume
+        if self.options.precision is not None:
+            self.precision = precision.choose(self.options.precision, self.connection.kind,
+                                              self._bf16_chip())
+            self.report.precision = self.precision.describe()
         for done in rewrap_namespace(self.namespace, names_in(cell), self.connection):
             line = done.summary(type(strategy).__name__, self.connection.replicas)
             self.report.rewrapped.extend(done.names)
             self.say(line)
         try:
-            with strategy.scope(), routing.cell(self):
+            with strategy.scope(), routing.cell(self), precision.in_force(self.precision):
                 execute()
         finally:
             self.report.seconds = time.perf_counter() - start
             self.report.model_name = self._name_of(self.last_model)
             self._adopt_namespace()
         return self.report
+
+    def _bf16_chip(self) -> bool | None:
+        """Whether the connected GPU computes bfloat16 (None: not a GPU, or not known)."""
+        if self.connection.kind != "gpu":
+            return None
+        chip = self.connection.backend.device_view(self.connection, {}).chip
+        return None if chip is None else chip.bf16
 
     def _adopt_namespace(self) -> None:
         """Models the cell left in the namespace that belong to the strategy keep routing."""
@@ -201,10 +214,37 @@ class TrainingCell:
         _mark_built_without_call(model)
         if exactness.enable(model):
             retrace = True
+        if self._keep_outputs_float32(model):
+            retrace = True
         if retrace:
             # Functions traced before the exactness overrides would count padded samples.
             model.train_function = model.test_function = model.predict_function = None
             model._tpu_magic_traced = True
+
+    def _keep_outputs_float32(self, model: Any) -> bool:
+        """Under a 16-bit policy: output activations in float32 (Keras's advice); a model
+        built before the cell keeps its float32 and is named. True where a layer changed."""
+        chosen = self.precision
+        if chosen is None or not precision.low_precision(chosen.policy):
+            return False
+        label = self._name_of(model) or model.name
+        if not precision.low_precision(model.dtype_policy):
+            self._note(f"model {label!r} was built before this cell with "
+                       f"{model.dtype_policy.name}: it keeps float32 variables and compute. "
+                       f"Build it inside the %%tpu_train cell to train in {chosen.policy}.")
+            return False
+        if not chosen.mixed:
+            self._note(f"{chosen.policy}: variables and outputs are bfloat16 too; "
+                       "--precision mixed_bf16 keeps variables and output activations in "
+                       "float32 (Keras's advice)")
+            return False
+        changed = precision.float32_outputs(model)
+        if changed:
+            self._note(f"{chosen.policy}: the output layer{'s' * (len(changed) > 1)} "
+                       f"{', '.join(changed)} compute{'s' * (len(changed) == 1)} in float32, "
+                       "as Keras's mixed precision guide advises (a softmax or sigmoid in 16 "
+                       "bits loses precision); the rest computes in 16 bits, variables float32")
+        return bool(changed)
 
     def _scale_learning_rate(self, model: Any, plan: BatchPlan) -> None:
         optimizer = getattr(model, "optimizer", None)

@@ -25,7 +25,8 @@ def replica_weights(model: Any, backend: Any) -> tuple[list[np.ndarray], int, in
     """The model's weights as arrays, averaged over replicas where the replicas disagree.
 
     Replicas disagree on variables each replica updates alone (e.g. BatchNormalization's
-    moving statistics under MirroredStrategy); trained weights agree.
+    moving statistics under MirroredStrategy); trained weights agree. 16-bit float
+    variables (a bfloat16 policy) come back as float32, for a float32 CPU model.
 
     Returns:
         (the arrays in `model.weights` order, how many variables were averaged,
@@ -34,7 +35,7 @@ def replica_weights(model: Any, backend: Any) -> tuple[list[np.ndarray], int, in
     arrays, averaged, replicas = [], 0, 1
     with backend.reading(model):
         for weight in model.weights:
-            parts = [np.asarray(p) for p in backend.replica_values(weight)]
+            parts = [float32(np.asarray(p)) for p in backend.replica_values(weight)]
             replicas = max(replicas, len(parts))
             first = parts[0]
             if len(parts) > 1 and not all(np.array_equal(first, p) for p in parts[1:]):
@@ -43,6 +44,11 @@ def replica_weights(model: Any, backend: Any) -> tuple[list[np.ndarray], int, in
                     averaged += 1
             arrays.append(first)
     return arrays, averaged, replicas
+
+
+def float32(array: np.ndarray) -> np.ndarray:
+    """A bfloat16 or float16 array as float32; any other as it is."""
+    return array.astype(np.float32) if array.dtype.name in ("bfloat16", "float16") else array
 
 
 def optimizer_state(model: Any, backend: Any) -> list[np.ndarray] | None:

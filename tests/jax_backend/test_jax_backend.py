@@ -240,3 +240,17 @@ def test_the_panel_trains_syncs_and_saves_by_click_without_tensorflow(ip, tmp_pa
     panel.save_button.click()
     assert panel.state == "ok" and (tmp_path / "dense.weights.h5").exists()
     assert "tensorflow" not in sys.modules
+
+
+def test_mixed_bfloat16_on_jax_and_a_float32_cpu_copy(ip):
+    report = train(ip, CNN + "cnn.fit(images[:256], y[:256], batch_size=64, epochs=1)",
+                   "--no-progress --precision mixed_bf16")
+    cnn = ip.user_ns["cnn"]
+    conv, out = cnn.layers[1], cnn.layers[-1]
+    assert report.precision.startswith("mixed_bfloat16")
+    assert (conv.kernel.dtype, conv.compute_dtype) == ("float32", "bfloat16")
+    assert out.compute_dtype == "float32" and np.isfinite(report.metrics["loss"])
+    ip.run_line_magic("tpu_sync", "cnn")
+    copy = ip.user_ns["cnn_cpu"]
+    assert {w.dtype for w in copy.weights} == {"float32"} and copy.layers[1].compute_dtype == "float32"
+    assert "tensorflow" not in sys.modules
