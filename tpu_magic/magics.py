@@ -88,6 +88,7 @@ class TpuMagics(Magics, Configurable):
         self.workspace.connected(session())
         if args.check:
             result = replace(result, check=run_check(session()))
+            self.workspace.check = result.check  # its measured peak for the reports' utilization
         if not args.no_panel:
             self._show_panel(result)
         return result
@@ -207,7 +208,9 @@ class TpuMagics(Magics, Configurable):
                                    keep=2 if args.keep is None else args.keep,
                                    resume=args.resume,
                                    precision=(args.precision if args.precision is not None
-                                              else self.precision or None))
+                                              else self.precision or None),
+                                   measured_tflops=(workspace.check.measured_tflops
+                                                    if workspace.check is not None else None))
             training = TrainingCell(session(), options, self.shell.user_ns, bar=_progress_bar(),
                                     view=workspace.panel)
             code = self.shell.transform_cell(cell)

@@ -29,6 +29,7 @@ class FitTiming:
     steady_steps: int = 0
     steady_seconds: float = 0.0
     last_logs: dict[str, float] = field(default_factory=dict)
+    flops_per_sample: float | None = None  # for TFLOP/s on the bar, where known
 
     @property
     def samples_per_second(self) -> float | None:
@@ -36,6 +37,14 @@ class FitTiming:
         if self.steady_steps <= 0 or self.steady_seconds <= 0:
             return None
         return self.steady_steps * self.global_batch / self.steady_seconds
+
+    @property
+    def tflops(self) -> float | None:
+        """Achieved TFLOP/s in the steady state, where the FLOPs of a sample are known."""
+        rate = self.samples_per_second
+        if not rate or not self.flops_per_sample:
+            return None
+        return self.flops_per_sample * rate / 1e12
 
 
 def _numbers(logs: dict | None) -> dict[str, float]:
@@ -48,10 +57,12 @@ def _numbers(logs: dict | None) -> dict[str, float]:
     return found
 
 
-def _postfix(logs: dict[str, float], samples_per_second: float | None) -> dict[str, str]:
+def _postfix(logs: dict[str, float], timing: FitTiming) -> dict[str, str]:
     shown = {k: f"{v:.4g}" for k, v in logs.items()}
-    if samples_per_second:
-        shown["samples/s"] = f"{samples_per_second:,.0f}"
+    if timing.samples_per_second:
+        shown["samples/s"] = f"{timing.samples_per_second:,.0f}"
+    if timing.tflops:
+        shown["TFLOP/s"] = f"{timing.tflops:.3g}"
     return shown
 
 
@@ -144,15 +155,14 @@ class FitProgress(keras.callbacks.Callback):
             return
         if bar.desc == COMPILING:
             bar.set_description(f"epoch {self._epoch + 1}/{self._epochs}", refresh=False)
-        bar.set_postfix(_postfix(numbers, self.timing.samples_per_second), refresh=False)
+        bar.set_postfix(_postfix(numbers, self.timing), refresh=False)
         bar.update(position - bar.n)
 
     def on_epoch_end(self, epoch, logs=None):
         self.timing.epoch_seconds.append(time.perf_counter() - self._epoch_start)
         self.timing.last_logs = _numbers(logs)
         if self.epoch_bar is not None:
-            self.epoch_bar.set_postfix(_postfix(self.timing.last_logs,
-                                                self.timing.samples_per_second), refresh=False)
+            self.epoch_bar.set_postfix(_postfix(self.timing.last_logs, self.timing), refresh=False)
             self.epoch_bar.update(1)
         if self._view is not None:
             self._view.training_epoch(epoch, self.timing.last_logs)

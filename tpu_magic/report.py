@@ -27,6 +27,8 @@ class TrainReport:
         checkpoints: the checkpoint files written (--checkpoint), oldest first.
         resumed_from: the checkpoint training continued from (--resume).
         precision: the dtype policy `--precision` put in force, and why.
+        utilization: the last `fit`'s FLOPs, achieved TFLOP/s against the peaks, and the
+            input's share of a step.
         xla_compile: on the JAX backend, the last `fit`'s XLA compilations: programs from
             JAX's persistent cache and programs compiled, and the seconds they took.
         left_out: samples left out of a pass ("fit" per epoch, "validation", "evaluate") for
@@ -56,6 +58,7 @@ class TrainReport:
     left_out: dict[str, int] = field(default_factory=dict)
     xla_compile: Any = None  # a `compile_cache.CompileCounts`
     precision: str | None = None
+    utilization: Any = None  # a `utilization.Utilization` of the last fit
     seconds: float = 0.0
 
     def summary(self) -> str:
@@ -74,6 +77,8 @@ class TrainReport:
                              + (f"; {xla}" if xla else ""))
             if self.samples_per_second:
                 lines.append(f"  steady state: {self.samples_per_second:,.0f} samples/s")
+            if self.utilization is not None:
+                lines += [f"  {line}" for line in self.utilization.lines()]
             if self.epoch_seconds:
                 per = ", ".join(f"{s:.2f}" for s in self.epoch_seconds[-5:])
                 lines.append(f"  time per epoch (s): {per}")

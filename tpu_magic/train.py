@@ -17,7 +17,7 @@ from typing import Any, Callable, MutableMapping
 
 import keras
 
-from tpu_magic import arrays, checkpointing, exactness, planning, precision, routing
+from tpu_magic import arrays, checkpointing, exactness, planning, precision, routing, utilization
 from tpu_magic.batching import BatchPlan, plan_batches, scaled_learning_rate
 from tpu_magic.checkpoint import CheckpointStore, Checkpointing
 from tpu_magic.errors import CheckpointError, InputError, RewrapError
@@ -27,6 +27,7 @@ from tpu_magic.report import TrainReport
 from tpu_magic.rewrap import built_for, built_outside, names_in, rewrap_namespace
 from tpu_magic.session import Connection
 from tpu_magic.stopping import StopOnEvent, stop_on_interrupt
+from tpu_magic.utilization import Utilization
 from tpu_magic.variables import name_of
 
 _ORIGINAL = routing.ORIGINAL
@@ -56,6 +57,7 @@ class TrainOptions:
     keep: int = 2
     resume: bool = False
     precision: str | None = None  # --precision; None: the Keras dtype policy as it is
+    measured_tflops: float | None = None  # one device's matmul TFLOP/s from --check, if it ran
 
 
 class TrainingCell:
@@ -91,6 +93,9 @@ class TrainingCell:
         self.store: CheckpointStore | None = None
         self._resume_pending = False
         self.precision: precision.Precision | None = None
+        self._counted: "weakref.WeakKeyDictionary[Any, tuple[float, str] | None]" = \
+            weakref.WeakKeyDictionary()
+        self._current_model: Any = None
 
     def run(self, execute: Callable[[], Any], cell: str) -> TrainReport:
         """Rewraps the models the cell names, then runs it with the strategy in force."""
@@ -221,6 +226,34 @@ class TrainingCell:
             model.train_function = model.test_function = model.predict_function = None
             model._tpu_magic_traced = True
 
+    def _flops(self, model: Any) -> float | None:
+        """Training FLOPs of one sample (once per model and cell), where they can be told."""
+        if model not in self._counted:
+            self._counted[model] = self.connection.backend.training_flops(model)
+        counted = self._counted[model]
+        return None if counted is None else counted[0]
+
+    def _utilization(self, timing: FitTiming, dataset: Any) -> Utilization | None:
+        """Achieved TFLOP/s against the peaks, and the input's share of a step."""
+        if not timing.samples_per_second:
+            return None
+        counted = self._counted.get(self._current_model)
+        replicas = self.connection.replicas
+        chip = self.connection.backend.device_view(self.connection, {}).chip
+        wait = utilization.input_need(dataset, timing.steady_seconds / timing.steady_steps)
+        return Utilization(
+            flops_per_sample=counted[0] if counted else None,
+            source=counted[1] if counted else "",
+            achieved_tflops=utilization.achieved(counted[0] if counted else None,
+                                                 timing.samples_per_second),
+            nominal_tflops=chip.device_peak_tflops * replicas if chip else None,
+            # simulated replicas share one CPU: its measured peak is all they have together
+            measured_tflops=(self.options.measured_tflops
+                             * (1 if self.connection.simulated else replicas)
+                             if self.options.measured_tflops else None),
+            input_share=wait[0] if wait else None, input_how=wait[1] if wait else "",
+            input_bound=bool(wait and wait[2]))
+
     def _keep_outputs_float32(self, model: Any) -> bool:
         """Under a 16-bit policy: output activations in float32 (Keras's advice); a model
         built before the cell keeps its float32 and is named. True where a layer changed."""
@@ -312,7 +345,8 @@ class TrainingCell:
         elif is_dataset(x) and not call.get("class_weight"):  # Keras maps class weights in
             call["x"] = self._whole_dataset(model, x, plan.global_batch)
         self._validation(model, call, named, plan)
-        timing = FitTiming(global_batch=batch)
+        self._current_model = model
+        timing = FitTiming(global_batch=batch, flops_per_sample=self._flops(model))
         progress = FitProgress(timing, bar=self.bar if self.options.progress else None,
                                view=self.view)
         call["callbacks"] = list(call.get("callbacks") or []) + [progress]
@@ -338,6 +372,7 @@ class TrainingCell:
         stopped = self.stop_event is not None and self.stop_event.is_set()
         interrupted = interrupted or stop.requested or stopped or failure is not None
         self._record_fit(recorded, plan, timing, history, interrupted)
+        self.report.utilization = self._utilization(timing, call["x"])
         if compiled_before is not None:
             self.report.xla_compile = self.connection.backend.compile_counts() - compiled_before
         if saver is not None:

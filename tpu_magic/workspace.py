@@ -33,6 +33,7 @@ class Workspace:
     last_fit: Any = None
     job: Any = None
     connection: Any = None  # the connection the rest belongs to
+    check: Any = None  # the last `--check` on this connection (a `check.DeviceCheck`)
 
     @property
     def busy(self) -> bool:
@@ -54,6 +55,7 @@ class Workspace:
         the same one, reused, keeps everything."""
         if connection is not self.connection:
             self.panel = self.last_model = self.last_model_name = self.last_fit = self.job = None
+            self.check = None
             self.connection = connection
 
     def trained(self, model: Any, name: str | None, fit: Any) -> None:

@@ -254,3 +254,39 @@ def test_mixed_bfloat16_on_jax_and_a_float32_cpu_copy(ip):
     copy = ip.user_ns["cnn_cpu"]
     assert {w.dtype for w in copy.weights} == {"float32"} and copy.layers[1].compute_dtype == "float32"
     assert "tensorflow" not in sys.modules
+
+
+def test_xla_counts_the_flops_the_layers_add_up_to_and_the_report_uses_them(ip):
+    from tpu_magic.utilization import counted_training_flops
+
+    report = train(ip, """
+keras.utils.set_random_seed(4)
+conv = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Conv2D(16, 3, activation="relu"),
+                         keras.layers.Flatten(), keras.layers.Dense(10, activation="softmax")])
+conv.compile("adam", "sparse_categorical_crossentropy")
+conv.fit(x.reshape(-1, 8, 8, 1), y, batch_size=128, epochs=2, verbose=0)
+""")
+    used = report.utilization
+    counted = counted_training_flops(ip.user_ns["conv"])
+    assert used.source == "XLA cost analysis"
+    assert used.flops_per_sample == pytest.approx(counted, rel=0.1)  # XLA adds biases, softmax
+    assert used.achieved_tflops == pytest.approx(used.flops_per_sample
+                                                 * report.samples_per_second / 1e12)
+    assert 0 <= used.input_share <= 1 and "drawn on their own after fit" in used.input_how
+
+
+def test_a_slow_input_is_called_input_bound_on_jax(ip):
+    report = train(ip, """
+import time
+class Slow(keras.utils.PyDataset):
+    def __len__(self):
+        return 6
+    def __getitem__(self, i):
+        time.sleep(0.05)
+        return x[i * 64:(i + 1) * 64], y[i * 64:(i + 1) * 64]
+dense = keras.Sequential([keras.Input((64,)), keras.layers.Dense(10, activation="softmax")])
+dense.compile("sgd", "sparse_categorical_crossentropy")
+dense.fit(Slow(), epochs=2, verbose=0)
+""")
+    assert report.utilization.input_bound and report.utilization.input_share >= 0.9
+    assert "input-bound: the data" in report.summary()

@@ -188,6 +188,10 @@ class Backend(Protocol):
     def compile_counts(self) -> "CompileCounts | None":
         """Programs compiled and loaded from the persistent cache so far (None: not known)."""
 
+    def training_flops(self, model: Any) -> "tuple[float, str] | None":
+        """FLOPs of one training sample and where the count comes from (None: not known)."""
+
+
 
 class Named:
     """A backend object equals its name ("tf", "jax"), so `connection.backend == "jax"` reads

@@ -21,6 +21,7 @@ from tpu_magic.deps import installed_versions
 from tpu_magic.errors import ConnectError, MissingDependencyError
 from tpu_magic.session import Connection
 from tpu_magic.target import Target
+from tpu_magic.utilization import counted_training_flops
 from tpu_magic.variables import variables_of
 
 JAX_FIX = ("JAX is not installed: `pip install \"tpu_magic[jax]\"` (CPU), `pip install "
@@ -58,6 +59,39 @@ def memory_bytes(device: Any) -> tuple[int | None, int | None, int | None]:
         return None, None, None
     stats = stats or {}
     return stats.get("bytes_in_use"), stats.get("bytes_limit"), stats.get("peak_bytes_in_use")
+
+
+FLOP_SAMPLES = 8  # the batch the gradient is lowered for (FLOPs are per sample)
+
+
+def _xla_training_flops(model: Any) -> float | None:
+    """FLOPs of one sample's forward and backward pass, as XLA counts them."""
+    jax = require_jax()
+    import jax.numpy as jnp
+    import keras
+
+    shapes = [tuple(t.shape)[1:] for t in model.inputs]
+    if any(d is None for shape in shapes for d in shape):
+        return None
+    inputs = [jax.ShapeDtypeStruct((FLOP_SAMPLES, *shape), t.dtype)
+              for shape, t in zip(shapes, model.inputs)]
+    trainable = [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in model.trainable_variables]
+    fixed = [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in model.non_trainable_variables]
+
+    def loss(trainable, fixed, *x):  # a loss whose gradient XLA cannot fold away
+        out, _ = model.stateless_call(trainable, fixed, x[0] if len(x) == 1 else list(x),
+                                      training=False)
+        return sum(jnp.sum(jnp.square(o.astype("float32"))) for o in keras.tree.flatten(out))
+
+    distribution = keras.distribution.distribution()
+    keras.distribution.set_distribution(None)
+    try:
+        cost = jax.jit(jax.grad(loss)).lower(trainable, fixed, *inputs).cost_analysis()
+    finally:
+        keras.distribution.set_distribution(distribution)
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    flops = (cost or {}).get("flops")
+    return None if not flops else flops / FLOP_SAMPLES
 
 
 def measure_matmul(device: Any, dtype: str, n: int, min_seconds: float = 0.3) -> float:
@@ -170,6 +204,18 @@ class JaxBackend(Named):
 
     def compile_counts(self) -> cache.CompileCounts | None:
         return cache.counts()
+
+    def training_flops(self, model: Any) -> tuple[float, str] | None:
+        """XLA's cost analysis of the gradient of the model's forward pass (lowered, not
+        compiled: no device time), per sample; the layer count where it cannot lower."""
+        try:
+            flops = _xla_training_flops(model)
+        except Exception:  # noqa: BLE001 - a model JAX cannot lower abstractly: count instead
+            flops = None
+        if flops:
+            return flops, "XLA cost analysis"
+        counted = counted_training_flops(model)
+        return None if counted is None else (counted, "counted from the layers")
 
     # -- variables -------------------------------------------------------------------------
 

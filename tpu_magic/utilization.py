@@ -1,0 +1,205 @@
+"""How close a run came to the device's limit: FLOPs, achieved TFLOP/s, and input-bound.
+
+The FLOPs of one training sample come from the backend: on JAX, XLA's own cost analysis
+of the compiled gradient step; on TensorFlow, a count from the layers (`layer_flops`):
+the multiply-adds of Dense, convolution and recurrent layers (2 FLOPs each). Training is
+the forward pass, the weights' gradients (as much again) and the inputs' gradients (as
+much again, except for the layers that read the model's inputs with nothing trainable
+before them: no gradient flows back there), as XLA computes it. Elementwise layers
+(activations, normalization, pooling) are left out: a few percent of a model that has
+matmuls.
+
+Achieved TFLOP/s = FLOPs per sample × samples per second; its share of the peak is
+against every replica's nominal peak (`chips`) and, where `--check` ran, its measured one.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+# Keras reads the next batch inside its step function on both backends (and reads ahead:
+# tf.data's prefetch, the JAX trainer's prefetch thread), so the wait cannot be timed from
+# outside the step. After `fit`, a few batches are drawn from the same input on their own;
+# an input that alone needs nine tenths of a step's time is what sets the pace.
+PROBE_BATCHES = 4
+INPUT_BOUND = 0.9
+
+
+@dataclass(frozen=True)
+class Utilization:
+    """A `fit`'s use of the device.
+
+    Attributes:
+        flops_per_sample: training FLOPs of one sample (forward and backward).
+        source: where that count comes from.
+        achieved_tflops: FLOPs per sample × steady samples/s, in TFLOP/s.
+        nominal_tflops / measured_tflops: the peak of all replicas, nominal (the chip table)
+            and measured by `--check`, where known.
+        input_share: the share of a step's time the input alone needs for a batch (see
+            `input_need`); input_how: how that was measured; input_bound: the verdict.
+    """
+
+    flops_per_sample: float | None
+    source: str
+    achieved_tflops: float | None = None
+    nominal_tflops: float | None = None
+    measured_tflops: float | None = None
+    input_share: float | None = None
+    input_how: str = ""
+    input_bound: bool = False
+
+    def lines(self) -> list[str]:
+        found = []
+        if self.achieved_tflops is not None:
+            shares = []
+            if self.measured_tflops:
+                shares.append(f"{_percent(self.achieved_tflops / self.measured_tflops)} of "
+                              "the measured peak")
+            if self.nominal_tflops:
+                shares.append(f"{_percent(self.achieved_tflops / self.nominal_tflops)} of "
+                              "the nominal peak")
+            found.append(f"utilization: {_tflops(self.achieved_tflops)} TFLOP/s"
+                         + (" = " + ", ".join(shares) if shares else
+                            " (no peak known: run %tpu_connect --check to measure one)")
+                         + f"; {self.flops_per_sample / 1e6:,.3g} MFLOP a sample "
+                           f"({self.source})")
+        if self.input_share is not None:
+            verdict = ("input-bound: the data, not the device, sets the pace (cache, "
+                       "prefetch or simplify the input)" if self.input_bound
+                       else "not input-bound")
+            found.append(f"input: {100 * self.input_share:.0f} % of the step time "
+                         f"{self.input_how} — {verdict}")
+        return found
+
+
+def _percent(share: float) -> str:
+    return f"{100 * share:.0f} %" if share >= 0.095 else f"{100 * share:.2g} %"
+
+
+def _tflops(value: float) -> str:
+    return f"{value:.3g}" if value < 100 else f"{value:,.0f}"
+
+
+def input_need(dataset: Any, step_seconds: float | None) -> tuple[float, str, bool] | None:
+    """The share of a step's time the input alone needs for a batch, how that was measured,
+    and whether it makes the run input-bound; None for inputs that cannot be drawn again
+    (a generator) or without a step time."""
+    if not step_seconds:
+        return None
+    try:
+        if hasattr(dataset, "element_spec"):  # tf.data, distributed or not
+            batches = iter(dataset)
+            next(batches)  # the iterator's start-up is not a batch's cost
+            start = time.perf_counter()
+            for _ in range(PROBE_BATCHES):
+                next(batches)
+            drawn = PROBE_BATCHES
+        elif hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__") and \
+                not isinstance(dataset, (list, tuple, dict)) and not hasattr(dataset, "shape"):
+            count = len(dataset)  # a PyDataset
+            if not count:
+                return None
+            dataset[0]
+            drawn = min(PROBE_BATCHES, count)
+            start = time.perf_counter()
+            for i in range(drawn):
+                dataset[i % count]
+        else:
+            return None
+    except StopIteration:
+        return None
+    per_batch = (time.perf_counter() - start) / drawn
+    share = min(1.0, per_batch / step_seconds)
+    return (share, f"is what the input alone needs for a batch ({per_batch * 1e3:.1f} ms, "
+                   f"{drawn} batches drawn on their own after fit; a step took "
+                   f"{step_seconds * 1e3:.1f} ms)", share >= INPUT_BOUND)
+
+
+def achieved(flops_per_sample: float | None, samples_per_second: float | None) -> float | None:
+    if not flops_per_sample or not samples_per_second:
+        return None
+    return flops_per_sample * samples_per_second / 1e12
+
+
+# -- counting from the layers ------------------------------------------------------------------
+
+def _shape(tensor: Any) -> tuple | None:
+    try:
+        return tuple(tensor.shape)
+    except (AttributeError, ValueError, TypeError):
+        return None
+
+
+def _size(dims: tuple) -> int | None:
+    if any(d is None for d in dims):
+        return None
+    return math.prod(dims)
+
+
+def layer_flops(layer: Any) -> float | None:
+    """Forward FLOPs of one sample through a built layer (0 for the elementwise ones),
+    None where its shapes are unknown."""
+    name = type(layer).__name__
+    if hasattr(layer, "layers") and name not in ("Bidirectional",):  # a nested model
+        return forward_flops(layer)
+    if name == "Bidirectional":
+        return sum(layer_flops(part) or 0.0 for part in (layer.forward_layer, layer.backward_layer))
+    inputs, outputs = _shape(getattr(layer, "input", None)), _shape(getattr(layer, "output", None))
+    if name in ("Dense", "EinsumDense"):
+        kernel = getattr(layer, "kernel", None)
+        if kernel is None or outputs is None:
+            return None
+        rows = _size(outputs[1:-1]) if name == "Dense" else 1
+        return None if rows is None else 2.0 * _size(tuple(kernel.shape)) * rows
+    if name.startswith("Conv") and "Transpose" not in name or name.startswith("DepthwiseConv") \
+            or name.startswith("SeparableConv"):
+        kernel = getattr(layer, "kernel", None)
+        if kernel is None:
+            kernel = getattr(layer, "depthwise_kernel", None)
+        if kernel is None or outputs is None:
+            return None
+        positions = _size(outputs[1:-1])
+        if positions is None:
+            return None
+        flops = 2.0 * _size(tuple(kernel.shape)) * positions
+        pointwise = getattr(layer, "pointwise_kernel", None)
+        if pointwise is not None:
+            flops += 2.0 * _size(tuple(pointwise.shape)) * positions
+        return flops
+    if name in ("LSTM", "GRU", "SimpleRNN"):
+        cell = layer.cell
+        if inputs is None or inputs[1] is None:
+            return None
+        weights = _size(tuple(cell.kernel.shape)) + _size(tuple(cell.recurrent_kernel.shape))
+        return 2.0 * weights * inputs[1]
+    return 0.0
+
+
+def forward_flops(model: Any) -> float | None:
+    """Forward FLOPs of one sample through a model's layers (None: a layer's shapes unknown)."""
+    total = 0.0
+    for layer in getattr(model, "layers", []):
+        flops = layer_flops(layer)
+        if flops is None:
+            return None
+        total += flops
+    return total
+
+
+def counted_training_flops(model: Any) -> float | None:
+    """Training FLOPs of one sample counted from the layers: forward, the weights'
+    gradients, and the inputs' gradients below the first trainable layer."""
+    forward = input_gradients = 0.0
+    trainable_before = False
+    for layer in getattr(model, "layers", []):
+        flops = layer_flops(layer)
+        if flops is None:
+            return None
+        forward += flops
+        if trainable_before:
+            input_gradients += flops
+        trainable_before = trainable_before or bool(layer.trainable_weights)
+    return 2.0 * forward + input_gradients if forward else None
