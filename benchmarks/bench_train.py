@@ -1,4 +1,4 @@
-"""Training throughput three ways, in one process: hand-written fit, %%tpu_train, raw step loop.
+"""Training throughput three ways: hand-written fit, %%tpu_train, raw step loop, interleaved.
 
     python benchmarks/bench_train.py [--model cnn|lstm] [--backend tf|jax]
         [--precision fp32|mixed_bf16|bf16|fp16|auto] [--simulate N] [--per-replica B]
@@ -23,19 +23,19 @@ TF); every way's TFLOP/s is that count × its samples/s, and its share of the pe
 `--check` measured. Prints a table; writes JSON with samples/s, TFLOP/s, the ratios
 `magic_vs_handwritten` and `magic_vs_raw_loop`, and the process's peak memory.
 
-Reliability: on this project's 2-core machine, with 8 simulated replicas, 2 of 6 runs of
-the CNN at the seeds' batch died of a segmentation fault, each time at the start of a
-*hand-written* `fit`: Keras drops the previous fit's iterator (`EpochIterator.reset`) and
-TensorFlow's MultiDeviceIterator, which Keras's own distribution of NumPy inputs uses,
-crashes while it is freed (a Python stack from `-X faulthandler`; peak memory 3.8 GiB of
-24, so not memory). The measurement therefore runs in a child process, and a run killed
-by a signal is run again (`--attempts`, default 3); the JSON says how many were.
+Reliability: on this project's 2-core machine, with 8 simulated replicas, runs of the
+CNN at the seeds' batch died of a segmentation fault, every time in a *hand-written*
+`fit`, where Keras's `EpochIterator.reset` drops an iterator and TensorFlow's
+MultiDeviceIterator (Keras's own distribution of NumPy inputs) crashes as it is freed
+(Python stacks from `-X faulthandler`; peak memory 3.8 GiB of 24, so not memory). So every
+way and round runs in a child process of its own (its warm-up, then the timed round), the
+rounds interleave the ways, and a child killed by a signal runs again (`--attempts`); the
+table and the JSON count those kills per way.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import platform
@@ -43,6 +43,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -184,37 +185,10 @@ def peak_memory_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
-def main(argv=None):
-    """Runs the measurement in a child process, again where a signal killed it."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if "--child" in argv:
-        return measure([a for a in argv if a != "--child"])
-    attempts = 3
-    if "--attempts" in argv:
-        at = argv.index("--attempts")
-        attempts = int(argv[at + 1])
-        del argv[at:at + 2]
-    crashed = []
-    for _ in range(attempts):
-        run = subprocess.run([sys.executable, "-X", "faulthandler", __file__, *argv, "--child"])
-        if run.returncode >= 0:
-            break
-        crashed.append(-run.returncode)
-        print(f"bench_train: the run was killed by signal {-run.returncode}; running it again",
-              flush=True)
-    else:
-        return 1
-    if "--json" in argv and run.returncode == 0:
-        path = argv[argv.index("--json") + 1]
-        with open(path) as f:
-            result = json.load(f)
-        result["killed_runs"] = crashed  # the signals of the runs that died first
-        with open(path, "w") as f:
-            json.dump(result, f, indent=2)
-    return run.returncode
+WAYS = ("handwritten", "magic", "raw_loop")
 
 
-def measure(argv):
+def parse(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=("cnn", "lstm"), default="cnn")
     parser.add_argument("--backend", choices=("tf", "jax"), default="tf")
@@ -225,9 +199,90 @@ def measure(argv):
     parser.add_argument("--json", metavar="PATH", help="write the results here")
     parser.add_argument("--per-replica", type=int, default=None, help="batch per replica")
     parser.add_argument("--steps", type=int, default=None, help="steps a round (default 8)")
-    # (--attempts N, default 3: how often a run killed by a signal is tried; see the top)
-    args = parser.parse_args(argv)
+    parser.add_argument("--attempts", type=int, default=4,
+                        help="runs of one way and round before giving up on a signal")
+    parser.add_argument("--way", choices=WAYS, help=argparse.SUPPRESS)  # a child's one way
+    return parser.parse_args(argv)
 
+
+def main(argv=None):
+    """Every way and round in a child process of its own; a child a signal killed runs again."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse(argv)
+    if args.way:
+        return measure(args)
+    rounds = 2 if args.quick else 3
+    child_args = [a for a in argv]
+    if "--json" in child_args:
+        at = child_args.index("--json")
+        del child_args[at:at + 2]
+    runs = {way: [] for way in WAYS}
+    killed = {way: [] for way in WAYS}
+    for round_number in range(rounds):
+        for way in WAYS:
+            for _ in range(args.attempts):
+                with tempfile.NamedTemporaryFile(suffix=".json") as out:
+                    child = subprocess.run(
+                        [sys.executable, "-X", "faulthandler", __file__, *child_args,
+                         "--way", way, "--json", out.name],
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                    if child.returncode == 0:
+                        runs[way].append(json.load(open(out.name)))
+                        break
+                killed[way].append(-child.returncode if child.returncode < 0 else child.returncode)
+                where = [line for line in child.stdout.splitlines() if "File " in line][:3]
+                print(f"bench_train: {way}, round {round_number + 1}: the process ended with "
+                      f"{child.returncode}; running it again\n  " + "\n  ".join(where),
+                      flush=True)
+            else:
+                print(child.stdout[-3000:])
+                return 1
+            print(f"round {round_number + 1}: {way} {runs[way][-1]['samples_per_second']:,.0f} "
+                  "samples/s", flush=True)
+    result = summarize(args, runs, killed, rounds)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0
+
+
+def summarize(args, runs, killed, rounds) -> dict:
+    first = runs["magic"][-1]
+    median = {way: statistics.median(r["samples_per_second"] for r in runs[way]) for way in WAYS}
+    flops = first["flops_per_sample"]
+    peak = first["measured_peak_tflops"]
+    tflops = {way: (flops * value / 1e12 if flops else None) for way, value in median.items()}
+    result = {key: first[key] for key in ("model", "backend", "precision", "device", "replicas",
+                                          "global_batch", "per_replica", "steps_per_round",
+                                          "machine", "versions", "flops_per_sample",
+                                          "flops_source", "measured_peak_tflops",
+                                          "nominal_peak_tflops", "input_share")}
+    result.update(rounds=rounds, quick=args.quick, samples_per_second=median,
+                  all_rounds={way: [r["samples_per_second"] for r in runs[way]] for way in WAYS},
+                  tflops=tflops, killed=killed,
+                  peak_memory_mib={way: max(r["peak_memory_mib"] for r in runs[way])
+                                   for way in WAYS},
+                  magic_vs_handwritten=median["magic"] / median["handwritten"],
+                  magic_vs_raw_loop=median["magic"] / median["raw_loop"])
+    print(f"\nbench_train: {result['model']} on {result['backend']}, {result['precision']}, "
+          f"{result['device']}, {result['replicas']} replicas, batch {result['global_batch']} "
+          f"({result['per_replica']}/replica), {result['steps_per_round']} steps, median of "
+          f"{rounds} rounds, each way and round a process of its own")
+    print(f"{'way':<14}{'samples/s':>12}{'TFLOP/s':>10}{'of measured peak':>18}"
+          f"{'killed runs':>13}{'peak MiB':>10}")
+    for way in WAYS:
+        rate = tflops[way]
+        print(f"{way:<14}{median[way]:>12,.0f}{rate if rate else float('nan'):>10.4f}"
+              f"{100 * rate / peak if rate and peak else float('nan'):>17.1f}%"
+              f"{len(killed[way]):>13}{result['peak_memory_mib'][way]:>10,.0f}")
+    print(f"magic_vs_handwritten {result['magic_vs_handwritten']:.3f}   "
+          f"magic_vs_raw_loop {result['magic_vs_raw_loop']:.3f}   "
+          f"FLOPs a sample {flops or float('nan'):,.0f} ({result['flops_source']})")
+    return result
+
+
+def measure(args) -> int:
+    """One way: connect, warm up (compile), then time one round; JSON to --json."""
     from IPython.core.interactiveshell import InteractiveShell
 
     shell = InteractiveShell.instance()
@@ -249,7 +304,6 @@ def measure(argv):
     per_replica = args.per_replica or (8 if args.quick else (16 if args.model == "lstm" else 128))
     batch = per_replica * replicas
     steps = args.steps or (4 if args.quick else 8)
-    rounds = 2 if args.quick else 3
     x, y = data(np, args.model, steps * batch)
     samples = steps * batch
 
@@ -257,51 +311,36 @@ def measure(argv):
         model.compile(keras.optimizers.Adam(1e-3), loss_name(args.model), metrics=["accuracy"])
         return model
 
-    previous_policy = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(policy)
-    # 1. Hand-written: built for the distribution, fit on numpy, verbose=0.
-    with connection.strategy.scope():
-        hand = compiled(build(keras, args.model))
-    hand.fit(x, y, batch_size=batch, epochs=1, verbose=0)  # warm-up: compile
-
-    def run_handwritten():
+    used = None
+    if args.way == "handwritten":  # built for the distribution, fit on NumPy, verbose=0
+        previous = keras.config.dtype_policy()
+        keras.config.set_dtype_policy(policy)
+        with connection.strategy.scope():
+            hand = compiled(build(keras, args.model))
+        keras.config.set_dtype_policy(previous)
+        hand.fit(x, y, batch_size=batch, epochs=1, verbose=0)  # warm-up: compile
         start = time.perf_counter()
         hand.fit(x, y, batch_size=batch, epochs=1, verbose=0)
-        return samples / (time.perf_counter() - start)
-
-    raw_loop = jax_raw_loop if args.backend == "jax" else tf_raw_loop
-    run_raw = raw_loop(keras, args.model, connection, x, y, batch, steps, policy)
-    keras.config.set_dtype_policy(previous_policy)
-
-    # 2. The magic, as a user runs it (progress bar on); its report counts the FLOPs.
-    shell.user_ns.update(x=x, y=y, keras=keras, build=build, compiled=compiled, batch=batch,
-                         model_name=args.model)
-    precision_flag = f"--precision {args.precision}"
-    shell.run_cell_magic("tpu_train", f"--no-progress {precision_flag}",
-                         "magic_model = compiled(build(keras, model_name))\n"
-                         "magic_model.fit(x, y, batch_size=batch, epochs=1, verbose=0)")
-    reports = []
-
-    def run_magic():
-        report = shell.run_cell_magic("tpu_train", precision_flag,
+        rate = samples / (time.perf_counter() - start)
+    elif args.way == "raw_loop":
+        previous = keras.config.dtype_policy()
+        keras.config.set_dtype_policy(policy)
+        raw_loop = jax_raw_loop if args.backend == "jax" else tf_raw_loop
+        run_raw = raw_loop(keras, args.model, connection, x, y, batch, steps, policy)
+        keras.config.set_dtype_policy(previous)
+        rate = run_raw()
+    else:  # the magic, as a user runs it (progress bar on); its report counts the FLOPs
+        shell.user_ns.update(x=x, y=y, keras=keras, build=build, compiled=compiled,
+                             batch=batch, model_name=args.model)
+        flag = f"--precision {args.precision}"
+        shell.run_cell_magic("tpu_train", f"--no-progress {flag}",
+                             "magic_model = compiled(build(keras, model_name))\n"
+                             "magic_model.fit(x, y, batch_size=batch, epochs=1, verbose=0)")
+        report = shell.run_cell_magic("tpu_train", flag,
                                       "magic_model.fit(x, y, batch_size=batch, epochs=1)")
         if report is None:
             raise RuntimeError("%%tpu_train failed")
-        reports.append(report)
-        return samples / report.seconds
-
-    ways = {"handwritten": run_handwritten, "magic": run_magic, "raw_loop": run_raw}
-    measured = {name: [] for name in ways}
-    for _ in range(rounds):
-        for name, run in ways.items():
-            measured[name].append(run())
-            gc.collect()
-    median = {name: statistics.median(values) for name, values in measured.items()}
-    used = reports[-1].utilization
-    flops = used.flops_per_sample if used is not None else None
-    measured_peak = connected.check.measured_tflops * (1 if connection.simulated else replicas)
-    nominal_peak = chip.device_peak_tflops * replicas if chip else None
-    tflops = {name: (flops * value / 1e12 if flops else None) for name, value in median.items()}
+        rate, used = samples / report.seconds, report.utilization
     versions = {"keras": keras.__version__}
     if args.backend == "jax":
         import jax
@@ -312,35 +351,22 @@ def measure(argv):
 
         versions["tensorflow"] = tf.__version__
     result = {
-        "model": args.model, "backend": args.backend, "precision": policy,
-        "device": connected.check.device_type,
-        "replicas": replicas, "global_batch": batch, "per_replica": per_replica,
-        "steps_per_round": steps, "rounds": rounds, "quick": args.quick,
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-        "versions": versions,
-        "samples_per_second": median, "all_rounds": measured,
-        "flops_per_sample": flops, "flops_source": used.source if used is not None else None,
-        "tflops": tflops, "measured_peak_tflops": measured_peak,
-        "nominal_peak_tflops": nominal_peak,
+        "model": args.model, "backend": args.backend, "precision": policy, "way": args.way,
+        "device": connected.check.device_type, "replicas": replicas, "global_batch": batch,
+        "per_replica": per_replica, "steps_per_round": steps,
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores", "versions": versions,
+        "samples_per_second": rate,
+        "flops_per_sample": used.flops_per_sample if used is not None else None,
+        "flops_source": used.source if used is not None else None,
         "input_share": used.input_share if used is not None else None,
-        "magic_vs_handwritten": median["magic"] / median["handwritten"],
-        "magic_vs_raw_loop": median["magic"] / median["raw_loop"],
+        # simulated replicas share the one CPU --check measured
+        "measured_peak_tflops": connected.check.measured_tflops
+        * (1 if connection.simulated else replicas),
+        "nominal_peak_tflops": chip.device_peak_tflops * replicas if chip else None,
         "peak_memory_mib": peak_memory_mib(),
     }
-    print(f"\nbench_train: {args.model} on {args.backend}, {policy}, {result['device']}, "
-          f"{replicas} replicas, batch {batch} ({per_replica}/replica), "
-          f"{steps} steps × {rounds} rounds (median)")
-    print(f"{'way':<14}{'samples/s':>12}{'TFLOP/s':>10}{'of measured peak':>18}")
-    for name, value in median.items():
-        rate = tflops[name]
-        print(f"{name:<14}{value:>12,.0f}{rate if rate is not None else float('nan'):>10.4f}"
-              f"{100 * rate / measured_peak if rate else float('nan'):>17.1f}%")
-    print(f"magic_vs_handwritten {result['magic_vs_handwritten']:.3f}   "
-          f"magic_vs_raw_loop {result['magic_vs_raw_loop']:.3f}   "
-          f"peak memory {result['peak_memory_mib']:,.0f} MiB")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+    with open(args.json, "w") as f:
+        json.dump(result, f)
     return 0
 
 
