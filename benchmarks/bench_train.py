@@ -79,7 +79,7 @@ def data(np, model: str, samples: int):
     rng = np.random.default_rng(0)
     if model == "lstm":
         x = rng.integers(1, WORDS, (samples, LENGTH)).astype("int32")
-        return x, rng.integers(0, 2, samples).astype("float32")
+        return x, rng.integers(0, 2, (samples, 1)).astype("float32")
     return (rng.random((samples, 32, 32, 3), dtype=np.float32),
             rng.integers(0, 10, samples).astype("int32"))
 
@@ -201,6 +201,8 @@ def parse(argv):
     parser.add_argument("--steps", type=int, default=None, help="steps a round (default 8)")
     parser.add_argument("--attempts", type=int, default=4,
                         help="runs of one way and round before giving up on a signal")
+    parser.add_argument("--child-timeout", type=int, default=900,
+                        help="seconds one way's process may take")
     parser.add_argument("--way", choices=WAYS, help=argparse.SUPPRESS)  # a child's one way
     return parser.parse_args(argv)
 
@@ -222,10 +224,15 @@ def main(argv=None):
         for way in WAYS:
             for _ in range(args.attempts):
                 with tempfile.NamedTemporaryFile(suffix=".json") as out:
-                    child = subprocess.run(
-                        [sys.executable, "-X", "faulthandler", __file__, *child_args,
-                         "--way", way, "--json", out.name],
-                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                    try:
+                        child = subprocess.run(
+                            [sys.executable, "-X", "faulthandler", __file__, *child_args,
+                             "--way", way, "--json", out.name],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            timeout=args.child_timeout)
+                    except subprocess.TimeoutExpired:
+                        print(f"bench_train: {way} took over {args.child_timeout} s; giving up")
+                        return 1
                     if child.returncode == 0:
                         runs[way].append(json.load(open(out.name)))
                         break

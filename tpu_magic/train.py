@@ -95,7 +95,6 @@ class TrainingCell:
         self.precision: precision.Precision | None = None
         self._counted: "weakref.WeakKeyDictionary[Any, tuple[float, str] | None]" = \
             weakref.WeakKeyDictionary()
-        self._current_model: Any = None
 
     def run(self, execute: Callable[[], Any], cell: str) -> TrainReport:
         """Rewraps the models the cell names, then runs it with the strategy in force."""
@@ -233,11 +232,11 @@ class TrainingCell:
         counted = self._counted[model]
         return None if counted is None else counted[0]
 
-    def _utilization(self, timing: FitTiming, dataset: Any) -> Utilization | None:
+    def _utilization(self, model: Any, timing: FitTiming, dataset: Any) -> Utilization | None:
         """Achieved TFLOP/s against the peaks, and the input's share of a step."""
         if not timing.samples_per_second:
             return None
-        counted = self._counted.get(self._current_model)
+        counted = self._counted.get(model)
         replicas = self.connection.replicas
         chip = self.connection.backend.device_view(self.connection, {}).chip
         wait = utilization.input_need(dataset, timing.steady_seconds / timing.steady_steps)
@@ -345,7 +344,6 @@ class TrainingCell:
         elif is_dataset(x) and not call.get("class_weight"):  # Keras maps class weights in
             call["x"] = self._whole_dataset(model, x, plan.global_batch)
         self._validation(model, call, named, plan)
-        self._current_model = model
         timing = FitTiming(global_batch=batch, flops_per_sample=self._flops(model))
         progress = FitProgress(timing, bar=self.bar if self.options.progress else None,
                                view=self.view)
@@ -372,7 +370,7 @@ class TrainingCell:
         stopped = self.stop_event is not None and self.stop_event.is_set()
         interrupted = interrupted or stop.requested or stopped or failure is not None
         self._record_fit(recorded, plan, timing, history, interrupted)
-        self.report.utilization = self._utilization(timing, call["x"])
+        self.report.utilization = self._utilization(model, timing, call["x"])
         if compiled_before is not None:
             self.report.xla_compile = self.connection.backend.compile_counts() - compiled_before
         if saver is not None:

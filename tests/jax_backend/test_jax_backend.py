@@ -78,6 +78,11 @@ def test_six_sample_predict_and_thirteen_sample_evaluate_equal_the_cpu_copy(ip):
 def test_an_lstm_trains_and_its_cpu_copy_predicts_any_count(ip):
     report = train(ip, LSTM + "lstm.fit(words[:500], y[:500], batch_size=64, epochs=1)")
     assert report.epochs == 1 and report.steps == 8
+    # XLA counts the scan's body once: the layers' count (40 steps of the LSTM) is used
+    from tpu_magic.utilization import counted_training_flops
+
+    assert report.utilization.source == "counted from the layers"
+    assert report.utilization.flops_per_sample == counted_training_flops(ip.user_ns["lstm"])
     sync = ip.run_line_magic("tpu_sync", "lstm --as lstm_small")
     assert sync.parameters == ip.user_ns["lstm"].count_params()
     assert ip.user_ns["lstm_small"].predict(ip.user_ns["words"][:3], verbose=0).shape == (3, 10)
