@@ -85,10 +85,10 @@ def _write_file(path: Path, epoch: int, seed: int, sequence: int, weights: Varia
     with h5py.File(path, "w") as handle:
         handle.attrs.update(format=FORMAT, epoch=epoch, seed=seed, sequence=sequence,
                             optimizer_class=optimizer_class, keras_version=keras.__version__)
-        for group_name, variables in (("weights", weights), ("optimizer", optimizer)):
+        for group_name, saved in (("weights", weights), ("optimizer", optimizer)):
             group = handle.create_group(group_name)
-            group.attrs["names"] = json.dumps(list(variables.names))
-            for i, array in enumerate(variables.arrays):
+            group.attrs["names"] = json.dumps(list(saved.names))
+            for i, array in enumerate(saved.arrays):
                 group.create_dataset(str(i), data=array)
 
 

@@ -233,43 +233,6 @@ class TensorFlowBackend(Named):
         flops = counted_training_flops(model)
         return None if flops is None else (flops, "counted from the layers")
 
-    def steps_per_execution_note(self, connection: Connection, steps: int) -> str | None:
-        if steps > 1 and connection.replicas > 1 and \
-                type(connection.strategy).__name__ == "MirroredStrategy":
-            return (f"steps_per_execution {steps} fails in Keras 3 under MirroredStrategy with "
-                    f"{connection.replicas} replicas (keras-team/keras#19246): running 1 step "
-                    "per execution here; on a TPU it applies.")
-        return None
-
-    def compile_counts(self) -> None:
-        return None  # TensorFlow keeps no persistent compilation cache for Keras's steps
-
-    def training_flops(self, model: Any) -> tuple[float, str] | None:
-        flops = counted_training_flops(model)
-        return None if flops is None else (flops, "counted from the layers")
-
-    def input_wait(self, timing: Any, dataset: Any) -> tuple[float, str, bool] | None:
-        """tf.data reads each batch inside the compiled step, so nothing can be timed
-        between steps: after `fit`, a few batches are drawn from the same input on their
-        own, and the time one takes is set against the time a step took."""
-        if not hasattr(dataset, "element_spec") or not timing.steady_steps:
-            return None
-        step = timing.steady_seconds / timing.steady_steps
-        try:
-            batches = iter(dataset)
-            next(batches)  # the iterator's start-up is not a batch's cost
-            start = time.perf_counter()
-            for _ in range(PROBE_BATCHES):
-                next(batches)
-        except StopIteration:
-            return None
-        per_batch = (time.perf_counter() - start) / PROBE_BATCHES
-        share = min(1.0, per_batch / step)
-        return (share,
-                f"is what the input alone needs for a batch ({per_batch * 1e3:.1f} ms, "
-                f"{PROBE_BATCHES} batches drawn on their own after fit; a step took "
-                f"{step * 1e3:.1f} ms)", share >= PRODUCE_BOUND)
-
     # -- variables -------------------------------------------------------------------------
 
     def built_outside(self, model: Any, strategy: Any) -> bool:
