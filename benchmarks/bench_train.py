@@ -366,10 +366,9 @@ def measure(args) -> int:
         "flops_per_sample": used.flops_per_sample if used is not None else None,
         "flops_source": used.source if used is not None else None,
         "input_share": used.input_share if used is not None else None,
-        # simulated replicas share the one CPU --check measured
-        "measured_peak_tflops": connected.check.measured_tflops
-        * (1 if connection.simulated else replicas),
-        "nominal_peak_tflops": chip.device_peak_tflops * replicas if chip else None,
+        # the peaks the magic's report set its TFLOP/s against (the other ways have none)
+        "measured_peak_tflops": used.measured_tflops if used is not None else None,
+        "nominal_peak_tflops": used.nominal_tflops if used is not None else None,
         "peak_memory_mib": peak_memory_mib(),
     }
     with open(args.json, "w") as f:

@@ -147,9 +147,11 @@ class Backend(Protocol):
     static_batch_is_global: bool  # a batch fixed in an Input is the global batch (JAX traces it)
 
     def connect(self, chosen: "Target", simulate: int | None, *, explicit_gpu: bool,
-                compile_cache: str | None, env: Mapping[str, str]
+                compile_cache: str | None, env: Mapping[str, str],
+                probe_node: Callable[["Target"], Any] = ...
                 ) -> "tuple[Connection, Target]":
-        """The connection to `chosen` (a TPU node has been probed already)."""
+        """The connection to `chosen`; `probe_node` is the bounded reachability check a
+        backend that reaches TPU nodes runs before connecting to one."""
 
     def device_view(self, connection: "Connection", env: Mapping[str, str]) -> "DeviceView":
         """The first device: its name, chip, memory, and a matmul measurement."""
