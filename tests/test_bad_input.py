@@ -8,6 +8,7 @@ paths stay relative, inside a temporary working directory.
 
 import os
 
+import numpy as np
 import pytest
 from cells import train
 from hypothesis import HealthCheck, event, given, settings
@@ -113,3 +114,80 @@ def test_a_cell_with_no_model_runs_and_reports_nothing_trained(sim8, capsys):
     assert report.fits == 0 and report.model_name is None
     with pytest.raises(UsageError, match="nothing trained yet"):
         sim8.run_line_magic("tpu_sync", "")
+
+
+# -- inputs that do not agree, no inputs, cells as people write them -------------------------
+
+@pytest.mark.parametrize("call, named", [
+    ("model.fit(x[:200], y[:256], batch_size=64)", ["x has 200", "y has 256"]),
+    ("model.fit(x[:200], y[:100], batch_size=64)", ["x has 200", "y has 100"]),
+    ("model.fit(x[:64], y[:64], sample_weight=np.ones(60), batch_size=64)",
+     ["x has 64", "y has 64", "sample_weight has 60"]),
+    ("model.fit(x[:64], y[:64], batch_size=64, validation_data=(x[:64], y[:32]))",
+     ["fit's validation_data", "x has 64", "y has 32"]),
+    ("model.evaluate(x[:64], y[:65])", ["evaluate", "x has 64", "y has 65"]),
+    ("two.fit([x[:200], x[:256]], y[:200], batch_size=64)", ["x[0] has 200", "x[1] has 256"]),
+])
+def test_arrays_of_different_lengths_are_refused_before_anything_trains(digits, call, named):
+    from cells import DENSE
+
+    train(digits, DENSE + """
+a, b = keras.Input((64,)), keras.Input((64,))
+two = keras.Model([a, b], keras.layers.Dense(10, activation="softmax")(keras.layers.Add()([a, b])))
+two.compile("sgd", "sparse_categorical_crossentropy")
+two.fit([x[:64], x[:64]], y[:64], batch_size=64, verbose=0)
+""")
+    model = digits.user_ns["two" if call.startswith("two") else "model"]
+    before = [w.copy() for w in model.get_weights()]
+    steps = int(model.optimizer.iterations.numpy())
+    with pytest.raises(UsageError, match="different lengths") as error:
+        train(digits, call)
+    for words in named:
+        assert words in str(error.value)
+    assert "Data cardinality is ambiguous" in str(error.value)
+    assert int(model.optimizer.iterations.numpy()) == steps
+    assert all(np.array_equal(a, b) for a, b in zip(model.get_weights(), before))
+
+
+@pytest.mark.parametrize("call", ["model.fit(x[:0], y[:0], batch_size=64)",
+                                  "model.evaluate(x[:0], y[:0])"])
+def test_no_samples_to_fit_or_evaluate_is_a_usage_error(digits, call):
+    from cells import DENSE
+
+    train(digits, DENSE)
+    with pytest.raises(UsageError, match="got 0 samples .*check the slice"):
+        train(digits, call)
+
+
+def test_predict_of_no_samples_returns_no_rows(digits):
+    from cells import DENSE
+
+    train(digits, DENSE + "out = model.predict(x[:0])")
+    assert digits.user_ns["out"].shape == (0, 10)
+
+
+def test_a_cells_own_error_shows_its_line_and_no_tpu_magic_frames(digits):
+    from IPython.utils.capture import capture_output
+
+    cell = "%%tpu_train --no-progress\nfirst = 1\nsecond = 2\nraise ValueError('my own mistake')\n"
+    with capture_output() as shown, pytest.raises(ValueError, match="my own mistake"):
+        digits.run_cell(cell)
+    assert "raise ValueError('my own mistake')" in plain(shown.stdout)  # the source line, not "<string>"
+    assert "Could not get source" not in plain(shown.stdout)
+    assert "tpu_magic/" not in plain(shown.stdout)
+
+
+def test_shell_and_magic_lines_in_a_cell_do_not_hide_the_model_it_names(digits):
+    from cells import DENSE
+
+    digits.run_cell(DENSE)  # built outside the strategy: the cell must name it to rewrap it
+    report = train(digits, "!echo hello from the shell\n"
+                           "%time model.fit(x[:64], y[:64], batch_size=64, verbose=0)\n")
+    assert report.fits == 1 and report.rewrapped == ["model"]
+
+
+def plain(text):
+    """Terminal output without its colour codes."""
+    import re
+
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)

@@ -11,6 +11,7 @@ import pytest
 from cells import train
 from IPython.core.error import UsageError
 
+import tpu_magic
 from tpu_magic.checkpoint import read_checkpoint
 
 ADAM = """
@@ -103,7 +104,7 @@ def test_no_readable_checkpoint_at_all_is_a_usage_error(digits, tmp_path):
     train(digits, ADAM + FIT.format(epochs=1), f"--no-progress --checkpoint {tmp_path}")
     (tmp_path / "ckpt-000001-epoch-0001.h5").write_bytes(b"not hdf5")
     before = weights(digits)
-    with pytest.raises(UsageError, match="no checkpoint in .* reads back whole .*Move the damaged"):
+    with pytest.raises(UsageError, match="no checkpoint in .* reads back whole .*moved aside"):
         train(digits, FIT.format(epochs=2), f"--no-progress --checkpoint {tmp_path} --resume")
     assert largest_difference(weights(digits), before) == 0
 
@@ -188,8 +189,10 @@ class PressCtrlC(keras.callbacks.Callback):
         if self.model.optimizer.iterations.numpy() == 13:
             os.kill(os.getpid(), signal.SIGINT)
 """)
-    report = train(digits, ADAM + "model.fit(x[:600], y[:600], batch_size=64, epochs=4, "
-                                  "callbacks=[PressCtrlC()])", f"--no-progress --checkpoint {tmp_path}")
+    with pytest.raises(KeyboardInterrupt):
+        train(digits, ADAM + "model.fit(x[:600], y[:600], batch_size=64, epochs=4, "
+                             "callbacks=[PressCtrlC()])", f"--no-progress --checkpoint {tmp_path}")
+    report = tpu_magic.workspace().report
     assert report.interrupted
     assert checkpoint_files(tmp_path) == ["ckpt-000001-epoch-0001.h5"]
     assert "epoch 2 was stopped early, so it has no checkpoint" in " ".join(report.notes)

@@ -234,3 +234,105 @@ def test_sync_save_and_connect_wait_while_a_job_trains(panel_ip):
         job.result(timeout=120)
     panel.sync_button.click()  # after the job: as usual
     assert panel.state == "ok" and "model_cpu" in panel_ip.user_ns
+
+
+# -- a running job's model and connection are guarded ----------------------------------------
+
+def _train_for_long(ip):
+    """A model trained by a cell, then a long panel job on it."""
+    panel = tpu_magic.workspace().panel
+    train(ip, DENSE + "model.fit(x[:256], y[:256], batch_size=64, epochs=1)")
+    panel.epochs.value = 500
+    panel.train_button.click()
+    return tpu_magic.workspace().job
+
+
+@pytest.mark.parametrize("line", [
+    "model.fit(x[:64], y[:64], batch_size=64, verbose=0)",
+    "model.evaluate(x[:64], y[:64], verbose=0)",
+    "model.predict(x[:8], verbose=0)",
+    "model.compile('adam', 'sparse_categorical_crossentropy')",
+    "model.train_on_batch(x[:64], y[:64])",
+    "model.set_weights(model.get_weights())",
+])
+def test_a_plain_cell_cannot_touch_the_model_a_panel_job_trains(panel_ip, line):
+    from tpu_magic.errors import BusyError
+
+    job = _train_for_long(panel_ip)
+    model = panel_ip.user_ns["model"]
+    try:
+        name = line.split("(")[0]
+        with pytest.raises(BusyError, match=f"{name} waits: a training job started from the "
+                                            "panel is running"):
+            panel_ip.run_cell(line)
+        assert not job.done()  # the job trains on, untouched
+    finally:
+        job.stop()
+        report = job.result(timeout=120)
+    assert report.interrupted and report.epochs >= 1
+    assert tpu_magic.workspace().panel.state == "ok"
+    # afterwards the model is the notebook's again, routed as before
+    out = panel_ip.run_cell("model.predict(x[:6], verbose=0)").result
+    assert out.shape == (6, 10)
+    assert all(name not in model.__dict__ for name in ("compile", "set_weights"))
+
+
+def test_another_shell_cannot_change_the_connection_while_a_job_trains(panel_ip):
+    from IPython.core.error import UsageError
+    from shell import TestingShell
+    from traitlets.config import Config
+
+    config = Config()
+    config.HistoryManager.enabled = False
+    other = TestingShell(config=config)  # a second notebook in the same process
+    other.run_line_magic("load_ext", "tpu_magic")
+    connection = tpu_magic.session()
+    job = _train_for_long(panel_ip)
+    try:
+        with pytest.raises(UsageError, match="%tpu_connect waits: a training job"):
+            other.run_line_magic("tpu_connect", "cpu --no-panel")
+        assert tpu_magic.session() is connection and not job.done()
+    finally:
+        job.stop()
+        job.result(timeout=120)
+    other.run_line_magic("tpu_connect", "--simulate 8 --no-panel")  # free again
+
+
+def test_train_is_off_after_a_fit_that_read_a_generator(panel_ip):
+    from tpu_magic.errors import TrainJobError
+
+    panel = tpu_magic.workspace().panel
+    train(panel_ip, DENSE + """
+def batches():
+    for i in range(0, 256, 64):
+        yield x[i:i + 64], y[i:i + 64]
+model.fit(batches(), epochs=1, verbose=0)
+""")
+    assert panel.train_button.disabled
+    assert "Train is off: this fit read a generator (x)" in html.unescape(panel.batch_note.value)
+    panel.train_button.click()
+    assert panel.job is None
+    from tpu_magic.job import start_training
+
+    with pytest.raises(TrainJobError, match="train from a cell"):
+        start_training(tpu_magic.session(), tpu_magic.workspace(), panel_ip.user_ns,
+                       batch_size=64, epochs=1)
+
+
+def test_an_error_in_a_panel_job_shows_the_users_line(panel_ip):
+    panel = tpu_magic.workspace().panel
+    panel_ip.run_cell("""
+class Fussy(keras.callbacks.Callback):
+    calls = 0
+    def on_epoch_end(self, epoch, logs=None):
+        Fussy.calls += 1
+        if Fussy.calls > 1:
+            raise ValueError("the callback's own complaint")
+""")
+    train(panel_ip, DENSE + "model.fit(x[:128], y[:128], batch_size=64, callbacks=[Fussy()])")
+    panel.train_button.click()
+    assert panel.job.exception(timeout=120) is not None
+    panel.job.thread.join(60)  # the panel hears of the end in the job's thread, just after
+    status = html.unescape(panel.status.value)
+    assert "ValueError: the callback's own complaint" in status
+    assert 'raise ValueError("the callback\'s own complaint")' in status

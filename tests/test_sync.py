@@ -44,6 +44,17 @@ def test_sync_makes_a_cpu_copy_with_the_trained_weights(digits):
     assert "model_cpu" in report.summary()
 
 
+def test_a_model_that_diverged_to_nan_is_not_averaged_and_no_batchnorm_is_named(digits):
+    train(digits, DENSE + """
+bad = x[:256].copy(); bad[3, 0] = np.nan
+model.fit(bad, y[:256], batch_size=64, epochs=1, verbose=0)
+""")
+    assert np.isnan(digits.user_ns["model"].get_weights()[0]).all()
+    report = digits.run_line_magic("tpu_sync", "")
+    assert report.averaged == 0  # NaN on every replica is the same NaN
+    assert "averaged" not in report.summary() and "BatchNorm" not in report.summary()
+
+
 def test_batchnorm_statistics_are_averaged_over_replicas_and_the_batch_made_variable(digits):
     train(digits, BN_CNN)
     cnn = digits.user_ns["cnn"]
@@ -58,6 +69,7 @@ def test_batchnorm_statistics_are_averaged_over_replicas_and_the_batch_made_vari
     assert copy.inputs[0].shape[0] is None and cnn.inputs[0].shape[0] == 16
     assert copy.predict(digits.user_ns["images"][:3], verbose=0).shape == (3, 10)
     assert 0 < report.max_abs_diff < 1e-2 and "averaged over 8 replicas: 2" in report.summary()
+    assert "(BatchNorm moving statistics)" in report.summary()
 
 
 def test_save_writes_weights_atomically_that_load_back(digits, tmp_path):

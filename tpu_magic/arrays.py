@@ -31,11 +31,40 @@ def is_array_input(x: Any) -> bool:
 
 
 def num_samples(x: Any) -> int:
-    """The common first dimension of the arrays in `x`."""
-    lengths = {len(a) for a in keras.tree.flatten(x)}
-    if len(lengths) != 1:
-        raise ValueError(f"inputs have different numbers of samples: {sorted(lengths)}")
-    return lengths.pop()
+    """The common first dimension of the arrays in `x` (see `common_length`)."""
+    return common_length("the call", x=x)
+
+
+def common_length(method: str, **parts: Any) -> int:
+    """The number of samples every array of the parts (x, y, sample_weight, ...) has.
+
+    Args:
+        method: the call, for the message ("fit", "validation_data", ...).
+        parts: name → an array or a structure of arrays; None is skipped.
+
+    Raises:
+        InputError: two arrays have different lengths (plain Keras: "Data cardinality is
+            ambiguous"), each array named with its length.
+    """
+    from tpu_magic.errors import InputError
+
+    lengths: dict[str, int] = {}
+    for part, value in parts.items():
+        if value is None:
+            continue
+        for path, leaf in keras.tree.flatten_with_path(value):
+            name = part + "".join(f"[{p!r}]" for p in path)
+            if np.ndim(leaf) == 0:
+                raise InputError(f"{method}: {name} is a single value, not an array of samples: "
+                                 "give one row per sample")
+            lengths[name] = len(leaf)
+    if len(set(lengths.values())) > 1:
+        listed = ", ".join(f"{name} has {n}" for name, n in lengths.items())
+        raise InputError(
+            f"{method} got arrays of different lengths ({listed}): every array of x, y and "
+            "sample_weight needs one row per sample (plain Keras: \"Data cardinality is "
+            "ambiguous\"). Cut them to the same samples, e.g. x[:n], y[:n].")
+    return next(iter(lengths.values()), 0)
 
 
 def new_seed() -> int:

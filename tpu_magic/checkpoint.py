@@ -5,7 +5,10 @@ A checkpoint is one HDF5 file holding the model's weights, the optimizer's state
 and the seed of the data order. It is written with `atomic_path` (temporary file,
 fsync, rename, fsync of the directory), so a crash at any moment leaves every
 checkpoint that was complete before it readable. Files are named
-`ckpt-SEQUENCE-epoch-EPOCH.h5`; the highest sequence is the newest; the last K are kept.
+`ckpt-SEQUENCE-epoch-EPOCH.h5`; the highest sequence is the newest; the last K *usable*
+ones are kept. Usable means it reads back whole and its weights are finite: a damaged file
+is moved aside (`NAME.damaged`) and never counted, and weights that are NaN or Inf are never
+written, so a diverged run cannot prune the finite checkpoints away.
 
 Variables are matched by position and shape, not by name: Keras numbers its layer
 names per process (`dense` vs `dense_3`), and rewrapping renames them too.
@@ -30,6 +33,7 @@ from tpu_magic import variables
 
 FORMAT = "tpu_magic checkpoint 1"
 _NAME = re.compile(r"^ckpt-(\d{6,})-epoch-(\d{4,})\.h5$")
+_ASIDE = re.compile(r"^ckpt-(\d{6,})-epoch-\d{4,}\.h5\.damaged$")
 _TEMPORARY = re.compile(r"^\.ckpt-\d+-epoch-\d+\.h5\.(\d+)\.tmp$")
 
 
@@ -118,6 +122,23 @@ def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
         raise CheckpointError(f"{path.name} is unreadable ({type(exc).__name__}: {exc})") from exc
 
 
+def not_finite(arrays: Sequence[np.ndarray]) -> bool:
+    """Whether any floating-point array holds a NaN or an infinity."""
+    return any(np.issubdtype(a.dtype, np.inexact) and not np.all(np.isfinite(a))
+               for a in arrays)
+
+
+def unusable(path: Path) -> str | None:
+    """Why a checkpoint file cannot be resumed from (None: it reads back whole and finite)."""
+    try:
+        checkpoint = read_checkpoint(path)
+    except CheckpointError as exc:
+        return str(exc)
+    if not_finite(checkpoint.weights.arrays):
+        return f"{path.name} holds weights that are NaN or infinite"
+    return None
+
+
 def mismatch(saved: Variables, current: Sequence[Any], what: str) -> str | None:
     """How saved arrays and the model's variables differ, in words (None: same count and shapes).
 
@@ -183,6 +204,8 @@ class CheckpointStore:
             raise CheckpointError(f"--keep {keep} must be 1 or more (the checkpoints to keep)")
         self.directory = Path(os.path.expanduser(str(directory)))
         self.keep = keep
+        self.moved_aside: list[str] = []  # "why: moved aside to NAME", for the cell to say
+        self._usable: set[str] = set()  # names known to read back whole and finite
 
     def prepare(self) -> None:
         """Creates the directory and proves it is writable; removes dead writers' leftovers.
@@ -217,28 +240,31 @@ class CheckpointStore:
         return sorted(found)
 
     def newest(self) -> Found:
-        """The newest checkpoint that reads back whole; damaged newer ones are skipped."""
+        """The newest usable checkpoint; damaged or non-finite newer ones are moved aside."""
         found = Found(None)
         for _, _, path in reversed(self.listing()):
-            try:
+            why = self._check(path)
+            if why is None:
                 found.checkpoint = read_checkpoint(path)
                 return found
-            except CheckpointError as exc:
-                found.skipped.append(str(exc))
+            found.skipped.append(why)
         return found
 
-    def save(self, model: Any, epoch: int, seed: int, backend: Any) -> Path:
-        """Writes a checkpoint atomically, then drops all but the newest `keep`.
+    def save(self, model: Any, epoch: int, seed: int, backend: Any) -> Path | None:
+        """Writes a checkpoint atomically, then keeps the newest `keep` usable ones.
 
-        `backend` (a `backends.Backend`) reads the model's variables.
+        `backend` (a `backends.Backend`) reads the model's variables. Weights that are not
+        finite are not written (None comes back): they would replace a finite checkpoint.
 
         Raises:
             CheckpointError: it could not be written (the previous checkpoints are intact).
         """
-        listing = self.listing()
-        sequence = listing[-1][0] + 1 if listing else 1
-        target = self.directory / f"ckpt-{sequence:06d}-epoch-{epoch:04d}.h5"
         weights, optimizer, optimizer_class = state_of(model, backend)
+        if not_finite(weights.arrays):
+            return None
+        listing = self.listing()
+        sequence = max([n for n, _, _ in listing] + self._aside_sequences(), default=0) + 1
+        target = self.directory / f"ckpt-{sequence:06d}-epoch-{epoch:04d}.h5"
         try:
             with atomic_path(target) as temporary:
                 _write_file(temporary, epoch, seed, sequence, weights, optimizer, optimizer_class)
@@ -249,9 +275,45 @@ class CheckpointStore:
                 + (f" and {listing[-1][2].name} is intact" if listing else "")
                 + ". Free space or choose another --checkpoint directory, then re-run the "
                 "cell with --resume.") from exc
-        for _, _, old in (listing + [(sequence, epoch, target)])[:-self.keep]:
-            old.unlink(missing_ok=True)
+        self._usable.add(target.name)
+        self._prune()
         return target
+
+    def _aside_sequences(self) -> list[int]:
+        """Sequences of moved-aside files: a new checkpoint never reuses one's number."""
+        return [int(m.group(1)) for m in map(_ASIDE.match, os.listdir(self.directory)) if m]
+
+    def take_moved_aside(self) -> list[str]:
+        """What was moved aside since last asked ("why: moved aside to NAME"), said once."""
+        taken, self.moved_aside = self.moved_aside, []
+        return taken
+
+    def _prune(self) -> None:
+        """Keeps the newest `keep` usable checkpoints; damaged files are moved aside."""
+        kept = 0
+        for _, _, path in reversed(self.listing()):
+            if self._check(path) is not None:
+                continue
+            kept += 1
+            if kept > self.keep:
+                path.unlink(missing_ok=True)
+                self._usable.discard(path.name)
+
+    def _check(self, path: Path) -> str | None:
+        """Why `path` is unusable (it is then moved aside, and said in `moved_aside`)."""
+        if path.name in self._usable:
+            return None
+        why = unusable(path)
+        if why is None:
+            self._usable.add(path.name)
+            return None
+        aside = path.with_name(path.name + ".damaged")
+        try:
+            os.replace(path, aside)
+        except OSError:
+            aside = path
+        self.moved_aside.append(f"{why}: moved aside to {aside.name}")
+        return why
 
 
 def _alive(pid: int) -> bool:
@@ -286,6 +348,7 @@ class Checkpointing(keras.callbacks.Callback):
         self.resume_from, self.say = resume_from, say
         self.written: list[Path] = []
         self.cut_short: int | None = None  # an epoch stopped early (not checkpointed)
+        self.not_finite: list[int] = []  # epochs whose weights were NaN/Inf (not written)
 
     def on_train_begin(self, logs=None):
         if self.resume_from is not None:
@@ -297,6 +360,9 @@ class Checkpointing(keras.callbacks.Callback):
         if self.model.stop_training:
             self.cut_short = epoch + 1
             return
-        self.written.append(self.store.save(self.model, epoch + 1, self.seed,
-                                            self.connection.backend))
+        written = self.store.save(self.model, epoch + 1, self.seed, self.connection.backend)
+        if written is None:
+            self.not_finite.append(epoch + 1)
+        else:
+            self.written.append(written)
 

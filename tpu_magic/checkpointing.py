@@ -51,13 +51,15 @@ def resume_point(store: CheckpointStore, epochs: int) -> ResumePoint:
         CheckpointError: checkpoints exist but none reads back whole.
     """
     found = store.newest()
-    warnings = [f"{why}: using the checkpoint before it" for why in found.skipped]
+    warnings = [f"{moved}; using the checkpoint before it" for moved in store.take_moved_aside()]
     checkpoint = found.checkpoint
     if checkpoint is None:
         if found.skipped:
             raise CheckpointError(
-                f"--resume: no checkpoint in {store.directory} reads back whole "
-                f"({'; '.join(found.skipped)}). Move the damaged files away to start over.")
+                f"--resume: no checkpoint in {store.directory} reads back whole with finite "
+                f"weights ({'; '.join(found.skipped)}). They were moved aside (NAME.damaged), "
+                "nothing was trained: run the cell again to start over, or point --checkpoint "
+                "at a directory with a good checkpoint.")
         return ResumePoint(None, f"--resume: no checkpoint in {store.directory} yet, "
                                  "training from the start.", warnings)
     done = checkpoint.epoch
@@ -67,6 +69,20 @@ def resume_point(store: CheckpointStore, epochs: int) -> ResumePoint:
         + (f"continuing at epoch {done + 1} of {epochs}." if done < epochs
            else f"all {epochs} are done (the model gets its weights)."),
         warnings)
+
+
+def not_finite_note(saver: Checkpointing, store: CheckpointStore) -> str | None:
+    """Which epochs got no checkpoint because their weights were NaN or infinite."""
+    if not saver.not_finite:
+        return None
+    epochs = ", ".join(map(str, saver.not_finite))
+    newest = store.listing()
+    return (f"the weights were NaN or infinite after epoch{'s' * (len(saver.not_finite) > 1)} "
+            f"{epochs}, so no checkpoint was written for "
+            f"{'them' if len(saver.not_finite) > 1 else 'it'}"
+            + (f"; the newest finite one, {newest[-1][2].name}, is kept" if newest else "")
+            + ". Lower the learning rate or look for NaN/Inf in the data, then re-run with "
+            "--resume.")
 
 
 def cut_short_note(saver: Checkpointing, store: CheckpointStore) -> str | None:

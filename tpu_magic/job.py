@@ -8,6 +8,7 @@ training at the next batch boundary and keeps the weights learned so far.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import threading
 from typing import Any, Callable, MutableMapping
 
@@ -15,7 +16,8 @@ from tpu_magic.batching import plan_batches
 from tpu_magic.errors import TrainJobError
 from tpu_magic.report import TrainReport
 from tpu_magic.session import Connection
-from tpu_magic.workspace import Workspace
+from tpu_magic import routing
+from tpu_magic.workspace import Workspace, busy_error
 
 
 class TrainJob:
@@ -32,18 +34,24 @@ class TrainJob:
         self._on_done = on_done
         self._future: concurrent.futures.Future = concurrent.futures.Future()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._main, name="tpu_magic-train", daemon=True)
+        self.thread = threading.Thread(target=self._main, name="tpu_magic-train", daemon=True)
+        self._guard = contextlib.ExitStack()  # released in the job's thread when it ends
 
-    def start(self) -> "TrainJob":
-        self._thread.start()
+    def start(self, guard: Any = None) -> "TrainJob":
+        """Starts the thread; `guard` (a context manager) is entered now and left at the end."""
+        if guard is not None:
+            self._guard.enter_context(guard)
+        self.thread.start()
         return self
 
     def _main(self) -> None:
         try:
             report = self._run(self._stop)
         except BaseException as exc:  # noqa: BLE001 - handed to whoever asks for the result
+            self._guard.close()
             self._future.set_exception(exc)
         else:
+            self._guard.close()
             self._future.set_result(report)
         finally:
             if self._on_done is not None:
@@ -64,9 +72,6 @@ class TrainJob:
         """Ends training at the next batch boundary; the weights learned so far stay."""
         self._stop.set()
 
-    @property
-    def stopping(self) -> bool:
-        return self._stop.is_set()
 
 
 def start_training(connection: Connection, workspace: Workspace,
@@ -89,6 +94,8 @@ def start_training(connection: Connection, workspace: Workspace,
     if workspace.last_fit is None:
         raise TrainJobError("no model trained by %%tpu_train yet: train one in a %%tpu_train "
                             "cell first; then Train here continues it")
+    if workspace.last_fit.cannot_repeat:
+        raise TrainJobError(workspace.last_fit.cannot_repeat)
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
         raise TrainJobError(f"epochs {epochs!r} must be 1 or more")
     plan_batches(batch_size, connection.replicas, tpu_rules=connection.tpu_rules)
@@ -98,4 +105,5 @@ def start_training(connection: Connection, workspace: Workspace,
     last = workspace.last_fit
     job = TrainJob(lambda stop: training.fit_again(last, stop), on_done)
     workspace.job = job
-    return job.start()
+    # Until it ends, the notebook's own calls on the model wait with the workspace's message.
+    return job.start(guard=routing.guarded(last.model, busy_error, owner=job.thread))

@@ -22,6 +22,7 @@ def usage_errors(method):
 
     @functools.wraps(method)
     def wrapper(*args, **kwargs):
+        __tracebackhide__ = True  # noqa: F841 - a cell's own error shows the cell, not us
         try:
             return method(*args, **kwargs)
         except TpuMagicError as exc:
@@ -77,8 +78,10 @@ class TpuMagics(Magics, Configurable):
         from tpu_magic.quiet import quiet_native_logs, tensorflow_info_silenced
         from tpu_magic.session import session
 
+        from tpu_magic.workspace import require_process_idle
+
         args = _parse(self.tpu_connect, line)
-        self.workspace.require_idle("%tpu_connect")
+        require_process_idle("%tpu_connect")  # one connection per process: every shell's jobs
         quiet_native_logs()
         with tensorflow_info_silenced():
             result = connect(
@@ -183,6 +186,7 @@ class TpuMagics(Magics, Configurable):
         from tpu_magic.quiet import quiet_native_logs, tensorflow_info_silenced
         from tpu_magic.session import session
 
+        __tracebackhide__ = True  # noqa: F841
         args = _parse(self.tpu_train, line)
         for flag, value in (("--epochs", args.epochs),
                             ("--steps-per-execution", args.steps_per_execution)):
@@ -213,17 +217,31 @@ class TpuMagics(Magics, Configurable):
                                                     if workspace.check is not None else None))
             training = TrainingCell(session(), options, self.shell.user_ns, bar=_progress_bar(),
                                     view=workspace.panel)
+            # `!cmd` and `%magic` lines become Python here, so names are read from this code.
             code = self.shell.transform_cell(cell)
+            # Compiled under IPython's cache name, so a traceback shows the cell's own lines.
+            filename = self.shell.compile.cache(code, self.shell.execution_count, raw_code=cell)
+            compiled = self.shell.compile(code, filename, "exec")
+
+            def execute():
+                __tracebackhide__ = True  # noqa: F841
+                # The cell's own exceptions reach the user unchanged (run_cell swallows them).
+                exec(compiled, self.shell.user_global_ns, self.shell.user_ns)
+
             try:
-                # `ex` lets the cell's own exceptions reach the user unchanged (run_cell swallows them).
-                return training.run(lambda: self.shell.ex(code), cell)
+                return training.run(execute, code)
+            except KeyboardInterrupt as exc:
+                # Ctrl-C ended the cell as it ends any cell; the traceback ends at the cell's line.
+                raise exc.with_traceback(_ending_in(exc.__traceback__, filename)) from None
             finally:
+                workspace.report = training.report
                 if training.last_fit is not None:
                     workspace.trained(training.last_model, training.report.model_name,
                                       training.last_fit)
                 if workspace.panel is not None and workspace.last_model is not None:
-                    workspace.panel.model_trained(workspace.last_model_name,
-                                                  training.report.global_batch)
+                    workspace.panel.model_trained(
+                        workspace.last_model_name, training.report.global_batch,
+                        cannot_train=workspace.last_fit.cannot_repeat)
 
     @magic_arguments()
     @argument("model", nargs="?", help="the model to copy (default: the model trained last)")
@@ -237,6 +255,31 @@ class TpuMagics(Magics, Configurable):
         """Copy the trained model to a CPU model (any batch size) with the trained weights."""
         args = _parse(self.tpu_sync, line)
         return self._sync(args.model, args.as_name, args.save)
+
+
+def _ending_in(traceback, filename: str):
+    """`traceback` cut after its last frame in `filename` (the cell), where it has one."""
+    last, entry = None, traceback
+    while entry is not None:
+        if entry.tb_frame.f_code.co_filename == filename:
+            last = entry
+        entry = entry.tb_next
+    if last is not None:
+        last.tb_next = None
+    return traceback
+
+
+def show_domain_errors(shell) -> None:
+    """A domain error raised in a plain cell (e.g. by a model tpu_magic adopted) prints as a
+    `UsageError` does: its message, no traceback. Left alone where another extension set
+    IPython's custom exception handler."""
+    if shell.custom_exceptions:
+        return
+
+    def handler(shell, etype, value, tb, tb_offset=None):
+        shell.show_usage_error(UsageError(str(value)))
+
+    shell.set_custom_exc((TpuMagicError,), handler)
 
 
 def _parse(magic, line: str):
@@ -270,6 +313,7 @@ def _progress_bar():
 
 def register(ipython) -> None:
     ipython.register_magics(TpuMagics)
+    show_domain_errors(ipython)
 
 
 def unregister(ipython) -> None:
@@ -278,3 +322,5 @@ def unregister(ipython) -> None:
         for name in names:
             manager.magics[kind].pop(name, None)
     manager.registry.pop("TpuMagics", None)
+    if TpuMagicError in ipython.custom_exceptions:
+        ipython.set_custom_exc((), None)

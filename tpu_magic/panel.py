@@ -12,6 +12,7 @@ import html
 import importlib.util
 import sys
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 from tpu_magic.batching import plan_batches
@@ -39,8 +40,40 @@ def _light(state: str, text: str) -> str:
 
 
 def _error_text(exc: BaseException) -> str:
-    """A domain error's own message; anything else with its type (it is a bug)."""
-    return str(exc) if isinstance(exc, TpuMagicError) else f"{type(exc).__name__}: {exc}"
+    """A domain error's own message; anything else with its type and the notebook line it
+    came through (the user's code: a callback, a generator, a loss defined in a cell)."""
+    if isinstance(exc, TpuMagicError):
+        return str(exc)
+    text = f"{type(exc).__name__}: {exc}"
+    line = _users_line(exc.__traceback__)
+    return f"{text} (at {line})" if line else text
+
+
+def _users_line(traceback: Any) -> str | None:
+    """The innermost frame of notebook code in a traceback, as `FILE:LINE: source`.
+
+    Notebook code is what is not a library: no site-packages, no standard library, not
+    tpu_magic itself.
+    """
+    import linecache
+    import sysconfig
+
+    libraries = {sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")}
+    ours = str(Path(__file__).resolve().parent)
+    found = None
+    for frame, number in _frames(traceback):
+        name = frame.f_code.co_filename
+        if name.startswith(ours) or any(name.startswith(p) for p in libraries) or \
+                "site-packages" in name or name.startswith("<frozen"):
+            continue
+        found = f"{name}:{number}: {linecache.getline(name, number).strip()}".rstrip(": ")
+    return found
+
+
+def _frames(traceback: Any):
+    while traceback is not None:
+        yield traceback.tb_frame, traceback.tb_lineno
+        traceback = traceback.tb_next
 
 
 def _numbers(logs: dict[str, float]) -> str:
@@ -55,7 +88,7 @@ class Panel:
         sync: () → a report text (copies the model trained last to the CPU).
         save: path → a report text (sync, then write the weights to path).
         train: (batch, epochs, scale_lr, on_done) → a running job with `.stop()`,
-            `.result()` and `.stopping`; raises `TpuMagicError` when it cannot start.
+            and `.result()`; raises `TpuMagicError` when it cannot start.
         address: the address field's first value.
         device: the one-line device summary.
         replicas / tpu_rules: for the live batch check (the magic's own rule).
@@ -75,6 +108,7 @@ class Panel:
         self.history: dict[str, list[float]] = {}
         self.model_name: str | None = None
         self.trained = False  # a %%tpu_train cell has trained a model
+        self.cannot_train: str | None = None  # why Train cannot repeat the last fit
 
         self.address = w.Text(value=address, description="Address",
                               placeholder="auto, local, grpc://HOST:8470, gpu or cpu",
@@ -165,8 +199,11 @@ class Panel:
         path = self.save_path.value
         self._run(f"saving {path}…", lambda: self._save(path))
 
-    def model_trained(self, name: str | None, global_batch: int | None = None) -> None:
-        """A model was trained: Sync, Save and Train apply to it."""
+    def model_trained(self, name: str | None, global_batch: int | None = None,
+                      cannot_train: str | None = None) -> None:
+        """A model was trained: Sync, Save and Train apply to it (Train unless
+        `cannot_train` says why its fit cannot be repeated)."""
+        self.cannot_train = cannot_train
         if name and name != self.model_name and self.save_path.value in (
                 "model.weights.h5", f"{self.model_name}.weights.h5"):
             self.save_path.value = f"{name}.weights.h5"
@@ -205,6 +242,9 @@ class Panel:
         if not self.trained:
             self.batch_note.value = ("no model yet: train one in a %%tpu_train cell, then "
                                      "train it more from here")
+            valid = False
+        elif self.cannot_train:
+            self.batch_note.value = html.escape(f"Train is off: {self.cannot_train}")
             valid = False
         self.train_button.disabled = not valid or self.running or self._train is None
         self.stop_button.disabled = not self.running

@@ -8,6 +8,7 @@ Pure decisions: nothing here trains or prints; warnings come back for the cell t
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any
 
@@ -23,6 +24,11 @@ KERAS_DEFAULT_BATCH = 32
 def is_dataset(data: Any) -> bool:
     """A tf.data dataset (or anything with an element spec)."""
     return hasattr(data, "element_spec")
+
+
+def read_once(data: Any) -> bool:
+    """A generator or iterator: one pass reads it up, so a `fit` on it cannot be repeated."""
+    return inspect.isgenerator(data) or (hasattr(data, "__next__") and iter(data) is data)
 
 
 def static_batch(model: Any) -> int | None:
@@ -63,6 +69,7 @@ def plan_call(method: str, model: Any, call: dict, named: set, connection: Any,
         static = plan_batches(static, replicas, what="the batch fixed in the model's Input"
                               ).per_replica
     data = call.get("x")
+    check_samples(method, call)
     refuse_strings(model, data, connection, label)
     if is_dataset(data):
         batch, what = connection.backend.dataset_batch_size(data), "the dataset's batch"
@@ -82,6 +89,30 @@ def plan_call(method: str, model: Any, call: dict, named: set, connection: Any,
         batch, what = math.ceil(KERAS_DEFAULT_BATCH / unit) * unit, key
     return plan_batches(batch, replicas, tpu_rules=connection.tpu_rules,
                         static_per_replica=static, what=what)
+
+
+def check_samples(method: str, call: dict) -> None:
+    """Every NumPy array of a call (x, y, sample_weight, validation_data) has the same
+    number of samples, and fit/evaluate get at least one; checked before anything runs.
+
+    Raises:
+        InputError: arrays of different lengths (each named with its length), or no samples.
+    """
+    parts = {key: call.get(key) for key in ("x", "y", "sample_weight")}
+    checks = [(method, parts)]
+    validation = call.get("validation_data")
+    if method == "fit" and isinstance(validation, (tuple, list)):
+        checks.append(("fit's validation_data", dict(zip(("x", "y", "sample_weight"),
+                                                          validation))))
+    for what, given in checks:
+        given = {k: v for k, v in given.items() if v is not None and arrays.is_array_input(v)}
+        if "x" not in given:
+            continue
+        if arrays.common_length(what, **given) == 0 and method != "predict":
+            raise InputError(
+                f"{what} got 0 samples (x has no rows), so there is nothing to "
+                f"{'train on' if what == 'fit' else 'evaluate'}: check the slice or filter "
+                "that made x")
 
 
 def validation_plan(call: dict, plan: BatchPlan, model: Any, connection: Any) -> BatchPlan:

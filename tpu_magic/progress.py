@@ -8,6 +8,7 @@ Drawing is throttled, so the bar costs almost nothing per step.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
@@ -30,6 +31,14 @@ class FitTiming:
     steady_seconds: float = 0.0
     last_logs: dict[str, float] = field(default_factory=dict)
     flops_per_sample: float | None = None  # for TFLOP/s on the bar, where known
+    diverged: tuple[int, int] | None = None  # (epoch, step), 1-based: the loss first NaN/Inf
+
+    def diverged_text(self) -> str | None:
+        """Where the loss stopped being finite, in words (None: it stayed finite)."""
+        if self.diverged is None:
+            return None
+        epoch, step = self.diverged
+        return f"the loss became NaN/Inf at epoch {epoch}, step {step}"
 
     @property
     def samples_per_second(self) -> float | None:
@@ -45,6 +54,13 @@ class FitTiming:
         if not rate or not self.flops_per_sample:
             return None
         return self.flops_per_sample * rate / 1e12
+
+
+def _finite(value: Any) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return True  # not a number: nothing to say
 
 
 def _numbers(logs: dict | None) -> dict[str, float]:
@@ -133,6 +149,12 @@ class FitProgress(keras.callbacks.Callback):
         if self.timing.steps_per_epoch:
             position = min(position, self.timing.steps_per_epoch)
         self.timing.steps_done = self._epoch_steps_before + position
+        if self.timing.diverged is None and not _finite((logs or {}).get("loss", 0.0)):
+            self.timing.diverged = (self._epoch + 1, position)
+            if self.batch_bar is not None:  # said once, and kept on the bar
+                self.batch_bar.set_description(
+                    f"epoch {self._epoch + 1}/{self._epochs}: loss NaN/Inf since step "
+                    f"{position}", refresh=False)
         if self._first_hook is None:
             self._first_hook = now
             self._steps_at_first_hook = self.timing.steps_done
@@ -162,6 +184,9 @@ class FitProgress(keras.callbacks.Callback):
         self.timing.epoch_seconds.append(time.perf_counter() - self._epoch_start)
         self.timing.last_logs = _numbers(logs)
         if self.epoch_bar is not None:
+            if self.timing.diverged is not None:
+                self.epoch_bar.set_description(
+                    f"epochs (loss NaN/Inf since epoch {self.timing.diverged[0]})", refresh=False)
             self.epoch_bar.set_postfix(_postfix(self.timing.last_logs, self.timing), refresh=False)
             self.epoch_bar.update(1)
         if self._view is not None:

@@ -23,6 +23,7 @@ class TrainReport:
         predictions: rows returned by each `predict` call.
         history: the last `fit`'s `keras.callbacks.History`.
         interrupted: whether Ctrl-C (or Stop) ended the last `fit` early.
+        diverged: where the last `fit`'s loss first became NaN or infinite, in words.
         rewrapped / notes: what tpu_magic changed or advises.
         checkpoints: the checkpoint files written (--checkpoint), oldest first.
         resumed_from: the checkpoint training continued from (--resume).
@@ -50,6 +51,7 @@ class TrainReport:
     predictions: list[int] = field(default_factory=list)
     history: Any = None
     interrupted: bool = False
+    diverged: str | None = None
     fits: int = 0
     rewrapped: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -84,6 +86,8 @@ class TrainReport:
                 lines.append(f"  time per epoch (s): {per}")
             if self.metrics:
                 lines.append("  final: " + _fmt(self.metrics))
+            if self.diverged:
+                lines.append(f"  warning: {self.diverged}")
         if self.resumed_from:
             lines.append(f"  resumed from {self.resumed_from}")
         if self.checkpoints:

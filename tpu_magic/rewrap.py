@@ -194,7 +194,11 @@ def _restore_optimizer_state(new: Any, state: list | None) -> bool:
 
 
 def names_in(cell: str) -> set[str]:
-    """Names a cell reads before it assigns them (the models it uses, not those it makes)."""
+    """Names a cell reads before it assigns them (the models it uses, not those it makes).
+
+    `cell` is IPython's transformed code (`!cmd` and `%magic` lines already Python); the
+    Python a line or cell magic runs (`%time model.fit(...)`) is read too.
+    """
     try:
         tree = ast.parse(cell)
     except SyntaxError:
@@ -204,8 +208,20 @@ def names_in(cell: str) -> set[str]:
     for statement in tree.body:
         names = [n for n in ast.walk(statement) if isinstance(n, ast.Name)]
         reads |= {n.id for n in names if isinstance(n.ctx, ast.Load)} - assigned
+        reads |= set().union(*(names_in(code) for code in _magic_code(statement))) - assigned
         assigned |= {n.id for n in names if isinstance(n.ctx, ast.Store)}
     return reads
+
+
+def _magic_code(statement: ast.AST) -> list[str]:
+    """The code strings a statement hands to `get_ipython().run_line_magic/run_cell_magic`."""
+    found = []
+    for node in ast.walk(statement):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                node.func.attr in ("run_line_magic", "run_cell_magic"):
+            found += [a.value for a in node.args[1:]
+                      if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+    return found
 
 
 def rewrap_namespace(

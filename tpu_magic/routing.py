@@ -18,7 +18,7 @@ import contextlib
 import inspect
 import threading
 import types
-from typing import Any, Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 import keras
 
@@ -90,6 +90,44 @@ def adopt(model: Any, router: Router) -> None:
     object.__setattr__(model, _ADOPTED, router)
     for name in METHODS:
         object.__setattr__(model, name, types.MethodType(_DISPATCH[name], model))
+
+
+# What a plain cell must not call on a model a background job is training: each would read
+# or change weights mid-step (compile would also replace the job's train function).
+GUARDED = ("fit", "evaluate", "predict", "compile", "train_on_batch", "test_on_batch",
+           "predict_on_batch", "set_weights", "load_weights", "save_weights", "save")
+
+
+@contextlib.contextmanager
+def guarded(model: Any, refusal: Callable[[str], Exception],
+            owner: threading.Thread) -> Iterator[None]:
+    """While a job trains `model` on the `owner` thread, other threads' calls of the
+    `GUARDED` methods raise `refusal("model.NAME")`; the job's own calls (and Keras's from
+    inside them, e.g. fit's validation `evaluate`) pass.
+
+    The instance's own attributes (an adopted model's methods) are restored exactly.
+    """
+    saved = {name: model.__dict__[name] for name in GUARDED if name in model.__dict__}
+
+    def refusing(name: str):
+        def method(*args, **kwargs):
+            if threading.current_thread() is owner:
+                allowed = saved.get(name) or getattr(type(model), name).__get__(model)
+                return allowed(*args, **kwargs)
+            raise refusal(f"model.{name}")
+
+        return method
+
+    for name in GUARDED:
+        object.__setattr__(model, name, refusing(name))
+    try:
+        yield
+    finally:
+        for name in GUARDED:
+            if name in saved:
+                object.__setattr__(model, name, saved[name])
+            else:
+                model.__dict__.pop(name, None)
 
 
 def adopted(model: Any) -> bool:

@@ -41,6 +41,7 @@ class SyncReport:
         seconds: time for the whole sync (and save).
         max_abs_diff: largest |prediction difference| on the probe batch (None: no probe).
         averaged: variables whose replicas disagreed and were averaged.
+        averaged_names: their paths (e.g. `.../batch_normalization/moving_mean`).
         replicas: how many replicas the model's variables had.
         path: the `.weights.h5` written, if any.
     """
@@ -52,6 +53,7 @@ class SyncReport:
     max_abs_diff: float | None
     averaged: int = 0
     replicas: int = 1
+    averaged_names: tuple[str, ...] = ()
     path: str | None = None
 
     def summary(self) -> str:
@@ -60,7 +62,7 @@ class SyncReport:
         if self.averaged:
             lines.append(f"  averaged over {self.replicas} replicas: {self.averaged} variable"
                          f"{'s' * (self.averaged != 1)} that replicas update on their own "
-                         "(BatchNorm moving statistics)")
+                         f"({_which(self.averaged_names)})")
         if self.max_abs_diff is None:
             lines.append("  probe: no input shape known, predictions not compared")
         else:
@@ -73,6 +75,14 @@ class SyncReport:
 
     def _repr_pretty_(self, p, cycle):
         p.text(self.summary())
+
+
+def _which(paths: tuple[str, ...]) -> str:
+    """BatchNorm moving statistics where that is what they are, else their names."""
+    if paths and all(p.rsplit("/", 1)[-1] in ("moving_mean", "moving_variance") for p in paths):
+        return "BatchNorm moving statistics"
+    shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+    return shown or "unnamed"
 
 
 def choose_model(namespace: Mapping[str, Any], name: str | None,
@@ -264,7 +274,8 @@ def sync_to_cpu(model: Any, *, name: str, as_name: str,
     report = SyncReport(name=name, as_name=as_name,
                         parameters=int(sum(w.size for w in weights)),
                         seconds=time.perf_counter() - start, max_abs_diff=diff,
-                        averaged=averaged, replicas=replicas,
+                        averaged=len(averaged), averaged_names=tuple(averaged),
+                        replicas=replicas,
                         path=str(path) if path is not None else None)
     return new, report
 

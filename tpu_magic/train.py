@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, MutableMapping
 
 import keras
+import numpy as np
 
 from tpu_magic import arrays, checkpointing, exactness, planning, precision, routing, utilization
 from tpu_magic.batching import BatchPlan, plan_batches, scaled_learning_rate
@@ -42,6 +43,15 @@ class FitCall:
     model: Any
     arguments: dict
     named: frozenset
+
+    @property
+    def cannot_repeat(self) -> str | None:
+        """Why the panel's Train cannot repeat this fit (None: it can)."""
+        for key in ("x", "validation_data"):
+            if planning.read_once(self.arguments.get(key)):
+                return (f"this fit read a generator ({key}), which is used up: train from a "
+                        "cell, with the generator made again")
+        return None
 
 
 @dataclass(frozen=True)
@@ -98,6 +108,7 @@ class TrainingCell:
 
     def run(self, execute: Callable[[], Any], cell: str) -> TrainReport:
         """Rewraps the models the cell names, then runs it with the strategy in force."""
+        __tracebackhide__ = True  # noqa: F841 - the cell's own errors show the cell, not us
         start = time.perf_counter()
         strategy = self.connection.strategy
         if self.options.batch_size is not None:  # a bad flag fails before anything runs
@@ -367,8 +378,9 @@ class TrainingCell:
                 failure, history = exc, getattr(model, "history", None)
             finally:
                 progress.close(interrupted=interrupted or stop.requested)
+        ctrl_c = interrupted or stop.requested
         stopped = self.stop_event is not None and self.stop_event.is_set()
-        interrupted = interrupted or stop.requested or stopped or failure is not None
+        interrupted = ctrl_c or stopped or failure is not None
         self._record_fit(recorded, plan, timing, history, interrupted)
         self.report.utilization = self._utilization(model, timing, call["x"])
         if compiled_before is not None:
@@ -379,16 +391,23 @@ class TrainingCell:
             raise failure
         if interrupted:
             self.say(f"Interrupted after {timing.steps_done} steps: the model keeps the weights "
-                     "learned so far.")
+                     "learned so far" + (", and the rest of the cell does not run." if ctrl_c
+                                         else "."))
+        if ctrl_c:  # as in any Python cell, an interrupt ends it: the lines after fit don't run
+            __tracebackhide__ = True  # noqa: F841 - IPython shows the user's line, not ours
+            raise KeyboardInterrupt
         return history
 
     # -- checkpoints -----------------------------------------------------------------------
 
     def _record_checkpoints(self, saver: Checkpointing) -> None:
         self.report.checkpoints.extend(str(p) for p in saver.written)
-        note = checkpointing.cut_short_note(saver, self.store)
-        if note:
-            self._note(note)
+        for moved in self.store.take_moved_aside():
+            self._note(moved, "warning: ")
+        for note in (checkpointing.not_finite_note(saver, self.store),
+                     checkpointing.cut_short_note(saver, self.store)):
+            if note:
+                self._note(note)
 
     def _validation(self, model: Any, call: dict, named: set, plan: BatchPlan) -> None:
         data = call.get("validation_data")
@@ -435,6 +454,7 @@ class TrainingCell:
         r.metrics = dict(timing.last_logs)
         r.history = history
         r.interrupted = interrupted
+        r.diverged = timing.diverged_text()
         self.last_model = model
         self.last_fit = recorded
 
@@ -472,11 +492,14 @@ class TrainingCell:
         if not arrays.is_array_input(x):
             out = _ORIGINAL["predict"](model, **call)
         else:
+            rows = arrays.num_samples(x)
+            if rows == 0:  # one batch of a zero row gives the outputs' shapes; 0 rows come back
+                x = keras.tree.map_structure(lambda a: np.zeros((1,) + a.shape[1:], a.dtype), x)
             samples = self.data.predict_pipeline(
                 x, self._padded_batch(plan, model, arrays.num_samples(x)),
                 strategy=self.connection.strategy)
             call.update(x=samples.dataset, batch_size=None, steps=samples.steps)
-            out = arrays.trim(_ORIGINAL["predict"](model, **call), samples.samples)
+            out = arrays.trim(_ORIGINAL["predict"](model, **call), rows)
         rows = len(keras.tree.flatten(out)[0])
         self.report.predictions.append(rows)
         return out

@@ -21,29 +21,36 @@ def variables_of(model: Any) -> list[Any]:
     return found
 
 
-def replica_weights(model: Any, backend: Any) -> tuple[list[np.ndarray], int, int]:
+def replica_weights(model: Any, backend: Any) -> tuple[list[np.ndarray], list[str], int]:
     """The model's weights as arrays, averaged over replicas where the replicas disagree.
 
     Replicas disagree on variables each replica updates alone (e.g. BatchNormalization's
     moving statistics under MirroredStrategy); trained weights agree. 16-bit float
     variables (a bfloat16 policy) come back as float32, for a float32 CPU model.
 
+    Replicas that hold the same NaN agree (a diverged model is not "averaged").
+
     Returns:
-        (the arrays in `model.weights` order, how many variables were averaged,
+        (the arrays in `model.weights` order, the paths of the variables averaged,
         the number of replicas seen).
     """
-    arrays, averaged, replicas = [], 0, 1
+    arrays, averaged, replicas = [], [], 1
     with backend.reading(model):
         for weight in model.weights:
             parts = [float32(np.asarray(p)) for p in backend.replica_values(weight)]
             replicas = max(replicas, len(parts))
             first = parts[0]
-            if len(parts) > 1 and not all(np.array_equal(first, p) for p in parts[1:]):
+            if len(parts) > 1 and not all(_same(first, p) for p in parts[1:]):
                 if np.issubdtype(first.dtype, np.floating):
                     first = np.mean(np.stack(parts), axis=0).astype(first.dtype)
-                    averaged += 1
+                    averaged.append(weight.path)
             arrays.append(first)
     return arrays, averaged, replicas
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equal values, NaN equal to NaN where the dtype can hold one."""
+    return np.array_equal(a, b, equal_nan=np.issubdtype(a.dtype, np.inexact))
 
 
 def float32(array: np.ndarray) -> np.ndarray:

@@ -34,6 +34,7 @@ class Workspace:
     job: Any = None
     connection: Any = None  # the connection the rest belongs to
     check: Any = None  # the last `--check` on this connection (a `check.DeviceCheck`)
+    report: Any = None  # the last `%%tpu_train` cell's `TrainReport` (also when it was interrupted)
 
     @property
     def busy(self) -> bool:
@@ -47,8 +48,7 @@ class Workspace:
             BusyError: a job is running.
         """
         if self.busy:
-            raise BusyError(f"{action} waits: a training job started from the panel is running. "
-                            "Press Stop, or wait for it (tpu_magic.workspace().job.result()).")
+            raise busy_error(action)
 
     def connected(self, connection: Any) -> None:
         """A connect: a new connection starts afresh (its panel, no model trained on it);
@@ -63,7 +63,24 @@ class Workspace:
         self.last_model, self.last_model_name, self.last_fit = model, name, fit
 
 
+def busy_error(action: str) -> BusyError:
+    """The one message for anything refused while a panel job trains."""
+    return BusyError(f"{action} waits: a training job started from the panel is running. "
+                     "Press Stop, or wait for it (tpu_magic.workspace().job.result()).")
+
+
 _workspaces: "weakref.WeakKeyDictionary[Any, Workspace]" = weakref.WeakKeyDictionary()
+
+
+def require_process_idle(action: str) -> None:
+    """Refuses `action` while a job of any shell in this process trains: the connection is
+    one per process, so changing it would pull it from under that job.
+
+    Raises:
+        BusyError: a job is running in some shell.
+    """
+    if any(w.busy for w in list(_workspaces.values())):
+        raise busy_error(action)
 
 
 def workspace_of(shell: Any) -> Workspace:

@@ -144,8 +144,11 @@ class PressCtrlC(keras.callbacks.Callback):
         if batch == 2:
             os.kill(os.getpid(), signal.SIGINT)
 """)
-    report = train(ip, CNN + "cnn.fit(images[:1024], y[:1024], batch_size=64, epochs=20, "
-                             "callbacks=[PressCtrlC()])", "")
+    with pytest.raises(KeyboardInterrupt):  # the interrupt ends the cell: the next line never runs
+        train(ip, CNN + "cnn.fit(images[:1024], y[:1024], batch_size=64, epochs=20, "
+                        "callbacks=[PressCtrlC()])\nafter_the_fit = True", "")
+    assert "after_the_fit" not in ip.user_ns
+    report = tpu_magic.workspace().report
     assert report.interrupted and report.epochs <= 1 and report.steps >= 3
     assert "epoch 1/20" in capsys.readouterr().err
     again = train(ip, "cnn.fit(images[:64], y[:64], batch_size=64)")
