@@ -55,10 +55,43 @@ def masks_reach_loss(model: Any, has_targets: bool) -> bool:
 
     Not for a custom `train_step`/`test_step`/`compute_loss`/`compute_metrics` (it may
     ignore sample weights), nor without targets or a compiled loss (then the loss comes
-    from `add_loss`, which sample weights do not reach).
+    from `add_loss`, which sample weights do not reach), nor for a loss that reduces the
+    batch to one number itself (see `scalar_losses`).
     """
     return (has_targets and keras_steps(model)
-            and getattr(model, "_compile_loss", None) is not None)
+            and getattr(model, "_compile_loss", None) is not None
+            and not scalar_losses(model))
+
+
+def scalar_losses(model: Any) -> list[str]:
+    """The model's compiled losses that return one number for a batch (e.g. a function
+    ending in `ops.mean`): a sample weight cannot reach their rows, so padding would leak in.
+
+    Each user-written loss (a function, or a `Loss` subclass's `call`) is tried once on two
+    rows shaped like the model's output; Keras's own losses keep one value per sample.
+    """
+    outputs = getattr(model, "outputs", None)
+    losses = keras.tree.flatten(getattr(model, "loss", None))
+    if not outputs or not losses:
+        return []
+    found = []
+    for loss, output in zip(losses, outputs * len(losses) if len(outputs) == 1 else outputs):
+        fn = loss.call if isinstance(loss, keras.losses.Loss) else loss
+        if not callable(fn) or _keras_own(fn):
+            continue
+        shape = (2,) + tuple(d or 1 for d in tuple(output.shape)[1:])
+        try:
+            value = fn(ops.zeros(shape), ops.ones(shape) * 0.5)
+        except Exception:  # noqa: BLE001 - it wants other targets: it cannot be told here
+            continue
+        if len(getattr(value, "shape", ())) == 0:
+            found.append(getattr(loss, "__name__", None) or type(loss).__name__)
+    return found
+
+
+def _keras_own(fn: Any) -> bool:
+    owner = getattr(fn, "__func__", fn)
+    return getattr(owner, "__module__", "").startswith("keras")
 
 
 def shaped(weight: Any, like: Any) -> Any:
@@ -172,10 +205,16 @@ def why_not_exact(model: Any, has_targets: bool) -> str | None:
     tpu_magic does instead (whole batches of real samples only)."""
     if masks_reach_loss(model, has_targets):
         return None
-    why = ("it has no targets or compiled loss (its loss comes from add_loss)"
-           if keras_steps(model) else
-           "its train_step/test_step/compute_loss/compute_metrics are its own and may "
-           "ignore sample weights")
+    scalar = scalar_losses(model) if has_targets and keras_steps(model) else []
+    if scalar:
+        why = (f"its loss {', '.join(scalar)} reduces a batch to one number itself, so a "
+               "sample weight cannot reach its rows (return one value per sample to let "
+               "Keras reduce it)")
+    elif keras_steps(model):
+        why = "it has no targets or compiled loss (its loss comes from add_loss)"
+    else:
+        why = ("its train_step/test_step/compute_loss/compute_metrics are its own and may "
+               "ignore sample weights")
     return (f"{why}, so padded samples could reach its loss. tpu_magic feeds it whole "
             "batches of real samples only: fit leaves out the last few samples of each "
             "epoch's shuffled order (different ones each epoch), evaluate the last few "

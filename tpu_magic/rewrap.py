@@ -34,6 +34,10 @@ class Rewrapped:
     optimizer_state_copied: bool
 
     def summary(self, strategy_name: str, replicas: int) -> str:
+        if self.new is self.old:
+            return (f"`{self.names[0]}` was compiled outside {strategy_name} and has no weights "
+                    "yet: compiled again inside it (same compile settings); its weights will be "
+                    f"made for {replicas} replica{'s' * (replicas != 1)} when it first runs.")
         state = ", optimizer state" if self.optimizer_state_copied else ""
         also = f" (also named {', '.join(f'`{n}`' for n in self.names[1:])})" if self.names[1:] else ""
         return (
@@ -132,6 +136,13 @@ def rewrap(model: Any, connection: Any, custom_objects: Mapping[str, Any],
                               f"rebuilt inside it: "
                               f"{unbuildable(exc, ', or build the model inside the %%tpu_train cell')}"
                               ) from None
+    if config is None and not model.weights:
+        # No weights to move (a subclassed model before its first call): only its optimizer
+        # and metrics were made outside, and compiling again inside the strategy remakes them.
+        with keras.saving.custom_object_scope(dict(custom_objects)), strategy.scope():
+            if compile_config:
+                model.compile_from_config(compile_config)
+        return model, False
     if config is None:
         raise RewrapError(
             f"model {name!r} ({type(model).__name__}) was built outside the strategy and "

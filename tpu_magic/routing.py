@@ -22,7 +22,10 @@ from typing import Any, Callable, Iterator, Protocol
 
 import keras
 
-METHODS = ("fit", "evaluate", "predict")
+# predict_on_batch too: under MirroredStrategy Keras hands each replica the whole batch and
+# concatenates their outputs (12 rows in, 96 out on 8 replicas). train_on_batch and
+# test_on_batch give one device's numbers there (each replica's share is the whole batch).
+METHODS = ("fit", "evaluate", "predict", "predict_on_batch")
 ORIGINAL = {name: getattr(keras.Model, name) for name in METHODS}
 _SIGNATURE = {name: inspect.signature(method) for name, method in ORIGINAL.items()}
 _ADOPTED = "_tpu_magic_router"

@@ -166,7 +166,8 @@ class TrainingCell:
         call = dict(last.arguments, initial_epoch=0, verbose=0)
         named = set(last.named) - {"batch_size", "epochs", "initial_epoch"}
         try:
-            with self.connection.strategy.scope(), routing.inside_keras():
+            with self.connection.strategy.scope(), routing.inside_keras(), \
+                    self.connection.backend.one_device_losses(last.model, self.connection):
                 self._fit(last.model, call, named)
         finally:
             self.report.seconds = time.perf_counter() - start
@@ -185,7 +186,8 @@ class TrainingCell:
                 "the models a cell names) or build it inside the %%tpu_train cell."
             )
         self._adopt(model)
-        with self.connection.strategy.scope(), routing.inside_keras():
+        with self.connection.strategy.scope(), routing.inside_keras(), \
+                self.connection.backend.one_device_losses(model, self.connection):
             return getattr(self, "_" + name)(model, call, named)
 
     # -- shared steps ----------------------------------------------------------------------
@@ -225,6 +227,11 @@ class TrainingCell:
             k = 1
         if model.steps_per_execution != k:
             model.steps_per_execution = k
+            retrace = True
+        cannot_jit = self.connection.backend.jit_compile_note(self.connection, model)
+        if cannot_jit:
+            self._note(cannot_jit)
+            model.jit_compile = False
             retrace = True
         _mark_built_without_call(model)
         if exactness.enable(model):
@@ -417,6 +424,8 @@ class TrainingCell:
             call["validation_data"] = self._whole_dataset(
                 model, data, self.connection.backend.dataset_batch_size(data))
             return
+        if not isinstance(data, (tuple, list)):  # a PyDataset or generator: Keras reads it
+            return
         vx, vy, vw = (tuple(data) + (None, None))[:3]
         if not (arrays.is_array_input(vx) and (vy is None or arrays.is_array_input(vy))):
             return
@@ -503,6 +512,14 @@ class TrainingCell:
         rows = len(keras.tree.flatten(out)[0])
         self.report.predictions.append(rows)
         return out
+
+    def _predict_on_batch(self, model: Any, call: dict, named: set) -> Any:
+        return self._predict(model, _predict_on_batch_call(call), {"x"})
+
+
+def _predict_on_batch_call(call: dict) -> dict:
+    """`predict_on_batch(x)` as the `predict` call that gives its rows (one batch's worth)."""
+    return {"x": call["x"], "batch_size": None, "verbose": 0, "steps": None, "callbacks": None}
 
 
 def _mark_built_without_call(model: Any) -> None:

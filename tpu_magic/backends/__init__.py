@@ -187,6 +187,14 @@ class Backend(Protocol):
     def steps_per_execution_note(self, connection: "Connection", steps: int) -> str | None:
         """Why `steps` per execution cannot run on this connection, or None where it can."""
 
+    def jit_compile_note(self, connection: "Connection", model: Any) -> str | None:
+        """Why the model's `jit_compile=True` cannot run on this connection (tpu_magic then
+        turns it off for the model), or None where it can."""
+
+    def one_device_losses(self, model: Any, connection: "Connection") -> ContextManager[Any]:
+        """While tpu_magic runs the model's steps: each replica's losses are those of its own
+        batch, as on one device, and its optimizers average the replicas' gradients."""
+
     def compile_counts(self) -> "CompileCounts | None":
         """Programs compiled and loaded from the persistent cache so far (None: not known)."""
 

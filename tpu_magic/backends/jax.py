@@ -202,6 +202,14 @@ class JaxBackend(Named):
     def steps_per_execution_note(self, connection: Connection, steps: int) -> str | None:
         return None
 
+    def jit_compile_note(self, connection: Connection, model: Any) -> str | None:
+        return None  # JAX compiles every step with XLA anyway
+
+    def one_device_losses(self, model: Any, connection: Connection) -> Any:
+        # Keras on JAX computes a step over the global batch (sharded arrays): its losses
+        # and gradients are one device's already.
+        return contextlib.nullcontext()
+
     def compile_counts(self) -> cache.CompileCounts | None:
         return cache.counts()
 

@@ -226,6 +226,41 @@ class TensorFlowBackend(Named):
                     "per execution here; on a TPU it applies.")
         return None
 
+    def jit_compile_note(self, connection: Connection, model: Any) -> str | None:
+        if getattr(model, "jit_compile", False) is True and _mirrored_replicas(connection):
+            return (f"jit_compile=True fails in TensorFlow under MirroredStrategy with "
+                    f"{connection.replicas} replicas (XLA cannot place the replicas' variables "
+                    "on one device): model runs without it here; on a TPU, XLA compiles every "
+                    "step anyway.")
+        return None
+
+    @contextlib.contextmanager
+    def one_device_losses(self, model: Any, connection: Connection) -> Iterator[None]:
+        """Keras on TensorFlow divides every `Loss` result and `add_loss` total computed in a
+        replica by the replica count, sums the replicas' gradients, and multiplies the
+        loss back only inside its own `train_step`/`test_step`. A custom step (or a layer
+        calling a loss object and `add_loss`) then logs 1/R of its loss, or trains on 1/R of
+        it. Here, instead, a replica's losses stay its own batch's mean (scaling is off while
+        the model's steps are traced) and the model's optimizers average the gradients: the
+        same numbers on every path as on one device.
+        """
+        if not _mirrored_replicas(connection):
+            yield
+            return
+        from keras.src.losses import loss as loss_module
+
+        for optimizer in _optimizers_of(model):
+            _average_gradients(optimizer)
+        scale, unscale = (loss_module.scale_loss_for_distribution,
+                          loss_module.unscale_loss_for_distribution)
+        loss_module.scale_loss_for_distribution = loss_module.unscale_loss_for_distribution = \
+            _unchanged
+        try:
+            yield
+        finally:
+            loss_module.scale_loss_for_distribution = scale
+            loss_module.unscale_loss_for_distribution = unscale
+
     def compile_counts(self) -> None:
         return None  # TensorFlow keeps no persistent compilation cache for Keras's steps
 
@@ -264,6 +299,56 @@ class TensorFlowBackend(Named):
                                "its own cell, not inside %%tpu_train")
         with tf.device("/cpu:0"):
             yield
+
+
+def _mirrored_replicas(connection: Connection) -> bool:
+    return connection.replicas > 1 and type(connection.strategy).__name__ == "MirroredStrategy"
+
+
+def _unchanged(value: Any) -> Any:
+    return value
+
+
+def _optimizers_of(model: Any) -> list[Any]:
+    """The model's optimizers: `model.optimizer` and any a custom `compile` kept (a GAN's
+    two), with the inner optimizer of a loss-scale optimizer."""
+    import keras
+
+    found = [v for v in [getattr(model, "optimizer", None), *vars(model).values()]
+             if isinstance(v, keras.optimizers.Optimizer)]
+    found += [o.inner_optimizer for o in found if hasattr(o, "inner_optimizer")]
+    unique: dict[int, Any] = {}
+    for optimizer in found:
+        unique.setdefault(id(optimizer), optimizer)
+    return list(unique.values())
+
+
+_AVERAGED = "_tpu_magic_averages_gradients"
+
+
+def _average_gradients(optimizer: Any) -> None:
+    """The optimizer all-reduces gradients to their mean over the replicas (Keras: the sum)."""
+    if getattr(optimizer, _AVERAGED, False):
+        return
+    tf = require_tensorflow()
+    summed = optimizer._all_reduce_sum_gradients
+
+    def all_reduce_mean(grads_and_vars):
+        reduced = summed(grads_and_vars)
+        context = tf.distribute.get_replica_context()
+        replicas = context.num_replicas_in_sync if context is not None else 1
+        if replicas == 1:
+            return reduced
+        return [(None if g is None else _divided(tf, g, replicas), v) for g, v in reduced]
+
+    object.__setattr__(optimizer, "_all_reduce_sum_gradients", all_reduce_mean)
+    object.__setattr__(optimizer, _AVERAGED, True)
+
+
+def _divided(tf: Any, gradient: Any, n: int) -> Any:
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.IndexedSlices(gradient.values / n, gradient.indices, gradient.dense_shape)
+    return gradient / n
 
 
 BACKEND = TensorFlowBackend()
