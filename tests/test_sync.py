@@ -55,20 +55,38 @@ model.fit(bad, y[:256], batch_size=64, epochs=1, verbose=0)
     assert "averaged" not in report.summary() and "BatchNorm" not in report.summary()
 
 
-def test_batchnorm_statistics_are_averaged_over_replicas_and_the_batch_made_variable(digits):
+def test_batchnorm_statistics_agree_over_replicas_after_fit_and_the_copy_answers_alike(digits):
     train(digits, BN_CNN)
     cnn = digits.user_ns["cnn"]
+    moving_mean = next(w for w in cnn.weights if "moving_mean" in w.path)
+    per_replica = np.stack([np.asarray(v) for v in moving_mean.value.values])
+    assert np.ptp(per_replica, axis=0).max() == 0  # each replica got the replicas' mean
+    assert np.ptp(per_replica[0]) > 0  # and it is a trained statistic, not the initial zeros
+    report = digits.run_line_magic("tpu_sync", "cnn --as small")
+    copy = digits.user_ns["small"]
+    assert report.averaged == 0 and report.max_abs_diff < 1e-5  # the live model answers as its copy
+    copied = next(w for w in copy.weights if "moving_mean" in w.path)
+    np.testing.assert_allclose(np.asarray(copied), per_replica[0], rtol=1e-6)
+    assert copy.inputs[0].shape[0] is None and cnn.inputs[0].shape[0] == 16
+    assert copy.predict(digits.user_ns["images"][:3], verbose=0).shape == (3, 10)
+
+
+def test_sync_averages_statistics_the_replicas_still_disagree_on(digits):
+    train(digits, BN_CNN)
+    cnn = digits.user_ns["cnn"]
+    statistics = [w for w in cnn.weights if w.path.rsplit("/", 1)[-1] in ("moving_mean",
+                                                                           "moving_variance")]
+    for weight in statistics:  # as a fit outside tpu_magic leaves them
+        for i, part in enumerate(weight.value.values):
+            part.assign(part + 0.01 * (i + 1))
+    moving_mean = statistics[0]
+    per_replica = np.stack([np.asarray(v) for v in moving_mean.value.values])
     report = digits.run_line_magic("tpu_sync", "cnn --as small")
     copy = digits.user_ns["small"]
     assert (report.averaged, report.replicas) == (2, 8)  # moving mean and variance
-    moving_mean = next(w for w in cnn.weights if "moving_mean" in w.path)
-    per_replica = np.stack([np.asarray(v) for v in moving_mean.value.values])
-    assert np.ptp(per_replica, axis=0).max() > 0  # the replicas really disagree
     copied = next(w for w in copy.weights if "moving_mean" in w.path)
     np.testing.assert_allclose(np.asarray(copied), per_replica.mean(axis=0), rtol=1e-6)
-    assert copy.inputs[0].shape[0] is None and cnn.inputs[0].shape[0] == 16
-    assert copy.predict(digits.user_ns["images"][:3], verbose=0).shape == (3, 10)
-    assert 0 < report.max_abs_diff < 1e-2 and "averaged over 8 replicas: 2" in report.summary()
+    assert 0 < report.max_abs_diff < 1e-1 and "averaged over 8 replicas: 2" in report.summary()
     assert "(BatchNorm moving statistics)" in report.summary()
 
 

@@ -231,3 +231,165 @@ model.compile(keras.optimizers.SGD(0.05), "mse")
                                  "history = model.fit(x, y, batch_size=64, epochs=1, verbose=0)")
     assert report.fits == 1 and report.rewrapped == ["model"]
     assert sim8.user_ns["model"].predict(sim8.user_ns["x"][:3], verbose=0).shape == (3, 1)
+
+
+# examples/vision/image_classification_from_scratch.py, "run inference on new data": one
+# image as a tensor into a model with BatchNormalization; and a batch of tensors.
+def test_tensor_inputs_take_the_exact_path(sim8):
+    plain, ours, report = both(sim8, """
+images = np.random.rand(204, 8, 8, 1).astype("float32")
+labels = np.random.randint(0, 10, 204)
+""", """
+model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Conv2D(4, 3, activation="relu"),
+                          keras.layers.BatchNormalization(), keras.layers.Flatten(),
+                          keras.layers.Dense(10, activation="softmax")])
+model.compile(keras.optimizers.SGD(0.0), "sparse_categorical_crossentropy", metrics=["accuracy"])
+one = model.predict(tf.constant(images[:1]), verbose=0)
+many = model.predict(tf.constant(images), verbose=0)
+evaluation = model.evaluate(tf.constant(images[:203]), tf.constant(labels[:203]),
+                            return_dict=True, verbose=0)
+""")
+    assert ours["one"].shape == (1, 10) and ours["many"].shape == (204, 10)
+    np.testing.assert_allclose(ours["many"], plain["many"], atol=1e-5)
+    for key, value in plain["evaluation"].items():
+        assert ours["evaluation"][key] == pytest.approx(value, **TOLERANCE), key
+
+
+# guides/transfer_learning.py: a base model and a classifier on it, both built before the
+# training cell; freeze, train, unfreeze, recompile, fine-tune, in later cells.
+def test_a_base_model_and_the_model_on_it_stay_one_family(sim8):
+    sim8.run_cell(IMPORTS + """
+x = np.random.rand(160, 16).astype("float32")
+y = np.random.randint(0, 2, 160).astype("float32")
+base = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, activation="relu"),
+                         keras.layers.Dense(32, activation="relu")], name="base")
+inputs = keras.Input((16,))
+model = keras.Model(inputs, keras.layers.Dense(1)(base(inputs, training=False)))
+""")
+    report = sim8.run_cell_magic("tpu_train", "--no-progress", """
+base.trainable = False
+model.compile(keras.optimizers.Adam(0.01), keras.losses.BinaryCrossentropy(from_logits=True))
+model.fit(x, y, batch_size=32, epochs=1, verbose=0)
+""")
+    ns = sim8.user_ns
+    assert report.rewrapped == ["model"]
+    assert any(layer is ns["base"] for layer in ns["model"].layers)  # still one family
+    assert len(ns["model"].trainable_weights) == 2  # the head only
+    frozen = [w.copy() for w in ns["base"].get_weights()]
+    sim8.run_cell_magic("tpu_train", "--no-progress", """
+base.trainable = True
+model.compile(keras.optimizers.Adam(1e-3), keras.losses.BinaryCrossentropy(from_logits=True))
+model.fit(x, y, batch_size=32, epochs=1, verbose=0)
+""")
+    assert len(ns["model"].trainable_weights) == 6  # fine-tuning trains the base too
+    assert any(not np.array_equal(a, b) for a, b in zip(frozen, ns["base"].get_weights()))
+
+
+# examples/vision/mnist_convnet.py-like with BatchNormalization and a small per-replica batch
+# (4 rows a replica): the trained model and its CPU copy must answer alike.
+def test_batchnorm_with_a_small_per_replica_batch_answers_as_its_cpu_copy(sim8):
+    from test_published import evaluate_equals_cpu_copy
+
+    sim8.run_cell(IMPORTS + """
+images = np.random.rand(200, 8, 8, 1).astype("float32")
+labels = np.random.randint(0, 10, 200)
+""")
+    sim8.run_cell_magic("tpu_train", "--no-progress", """
+model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Conv2D(8, 3, activation="relu"),
+                          keras.layers.BatchNormalization(), keras.layers.Flatten(),
+                          keras.layers.Dense(10, activation="softmax")])
+model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
+history = model.fit(images[:160], labels[:160], batch_size=32, epochs=2, verbose=0,
+                    validation_data=(images[160:], labels[160:]))
+""")
+    evaluate_equals_cpu_copy(sim8, "model", "images", "labels")
+    sim8.run_cell("last = model.evaluate(images[160:], labels[160:], return_dict=True, verbose=0)")
+    ns = sim8.user_ns
+    assert ns["history"].history["val_loss"][-1] == pytest.approx(ns["last"]["loss"], abs=1e-5)
+
+
+# examples/generative/dcgan_overriding_train_step.py: a custom compile keeping two
+# optimizers, a train_step with two tapes, a dataset of images only whose last batch is
+# partial (203 = 3 x 64 + 11: cut to 8, one row a replica).
+GAN = """
+from keras import layers, ops
+images = np.random.rand(203, 8, 8, 1).astype("float32")
+dataset = tf.data.Dataset.from_tensor_slices(images).batch(64)
+
+class GAN(keras.Model):
+    def __init__(self, discriminator, generator, latent_dim):
+        super().__init__()
+        self.discriminator, self.generator, self.latent_dim = discriminator, generator, latent_dim
+        self.seed_generator = keras.random.SeedGenerator(1337)
+
+    def compile(self, d_optimizer, g_optimizer, loss_fn):
+        super().compile()
+        self.d_optimizer, self.g_optimizer, self.loss_fn = d_optimizer, g_optimizer, loss_fn
+        self.d_loss_metric = keras.metrics.Mean(name="d_loss")
+        self.g_loss_metric = keras.metrics.Mean(name="g_loss")
+
+    @property
+    def metrics(self):
+        return [self.d_loss_metric, self.g_loss_metric]
+
+    def train_step(self, real_images):
+        batch_size = ops.shape(real_images)[0]
+        z = keras.random.normal(shape=(batch_size, self.latent_dim), seed=self.seed_generator)
+        combined = ops.concatenate([self.generator(z), real_images], axis=0)
+        labels = ops.concatenate([ops.ones((batch_size, 1)), ops.zeros((batch_size, 1))], axis=0)
+        with tf.GradientTape() as tape:
+            d_loss = self.loss_fn(labels, self.discriminator(combined))
+        grads = tape.gradient(d_loss, self.discriminator.trainable_weights)
+        self.d_optimizer.apply_gradients(zip(grads, self.discriminator.trainable_weights))
+        z = keras.random.normal(shape=(batch_size, self.latent_dim), seed=self.seed_generator)
+        with tf.GradientTape() as tape:
+            g_loss = self.loss_fn(ops.zeros((batch_size, 1)),
+                                  self.discriminator(self.generator(z)))
+        grads = tape.gradient(g_loss, self.generator.trainable_weights)
+        self.g_optimizer.apply_gradients(zip(grads, self.generator.trainable_weights))
+        self.d_loss_metric.update_state(d_loss)
+        self.g_loss_metric.update_state(g_loss)
+        return {"d_loss": self.d_loss_metric.result(), "g_loss": self.g_loss_metric.result()}
+"""
+
+
+def test_a_gan_with_its_own_compile_and_two_optimizers_trains(sim8):
+    plain, ours, report = both(sim8, GAN, """
+discriminator = keras.Sequential([keras.Input((8, 8, 1)), layers.Flatten(), layers.Dense(1)])
+generator = keras.Sequential([keras.Input((4,)), layers.Dense(64), layers.Reshape((8, 8, 1))])
+gan = GAN(discriminator=discriminator, generator=generator, latent_dim=4)
+gan.compile(d_optimizer=keras.optimizers.Adam(1e-3), g_optimizer=keras.optimizers.Adam(1e-3),
+            loss_fn=keras.losses.BinaryCrossentropy(from_logits=True))
+history = gan.fit(dataset, epochs=2, verbose=0)
+""")
+    assert sorted(ours["history"].history) == sorted(plain["history"].history)
+    assert all(np.isfinite(v).all() for v in ours["history"].history.values())
+    gan = ours["gan"]
+    assert int(gan.d_optimizer.iterations.numpy()) == int(gan.g_optimizer.iterations.numpy()) == 8
+    # the losses are one device's size (a BCE near log 2), not an eighth of it
+    for key in ("d_loss", "g_loss"):
+        assert ours["history"].history[key][0] == pytest.approx(
+            plain["history"].history[key][0], rel=0.5)
+
+
+# guides/writing_a_training_loop_from_scratch.py: the cell's own GradientTape loop.
+def test_a_hand_written_gradient_tape_loop_runs_on_one_device_with_a_note(sim8):
+    plain, ours, report = both(sim8, REGRESSION_DATA, """
+model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(8, activation="relu"),
+                          keras.layers.Dense(1)])
+optimizer = keras.optimizers.SGD(0.05)
+loss_fn = keras.losses.MeanSquaredError()
+train_dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(64)
+losses = []
+for epoch in range(2):
+    for step, (x_batch, y_batch) in enumerate(train_dataset):
+        with tf.GradientTape() as tape:
+            loss_value = loss_fn(y_batch, model(x_batch, training=True))
+        grads = tape.gradient(loss_value, model.trainable_weights)
+        optimizer.apply(grads, model.trainable_weights)
+        losses.append(float(loss_value))
+""")
+    assert ours["losses"] == pytest.approx(plain["losses"], **TOLERANCE)
+    same_weights(plain, ours)
+    assert any("its own tf.GradientTape loop, so it runs as a plain cell on one device" in n
+               for n in report.notes)

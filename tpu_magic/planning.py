@@ -13,6 +13,7 @@ import math
 from typing import Any
 
 import keras
+import numpy as np
 
 from tpu_magic import arrays
 from tpu_magic.batching import TPU_TILE, BatchPlan, plan_batches
@@ -24,6 +25,30 @@ KERAS_DEFAULT_BATCH = 32
 def is_dataset(data: Any) -> bool:
     """A tf.data dataset (or anything with an element spec)."""
     return hasattr(data, "element_spec")
+
+
+def as_arrays(call: dict) -> None:
+    """A call's tensors (TensorFlow's, JAX's, pandas' frames: anything NumPy can read) become
+    NumPy arrays, so they take the same whole-batch, exact path as NumPy input. Left to
+    Keras under replicas, one image as a tensor reached BatchNorm as empty replica batches,
+    and a 204-row tensor took 60 times as long to predict."""
+    for key in ("x", "y", "sample_weight"):
+        if key in call:
+            call[key] = _numpy_leaves(call[key])
+    validation = call.get("validation_data")
+    if isinstance(validation, (tuple, list)):
+        call["validation_data"] = tuple(_numpy_leaves(part) for part in validation)
+
+
+def _numpy_leaves(data: Any) -> Any:
+    if data is None or is_dataset(data) or read_once(data) or \
+            isinstance(data, keras.utils.PyDataset):
+        return data
+    leaves = keras.tree.flatten(data)
+    if not leaves or all(isinstance(a, np.ndarray) for a in leaves) or \
+            not all(hasattr(a, "__array__") and hasattr(a, "shape") for a in leaves):
+        return data
+    return keras.tree.map_structure(np.asarray, data)
 
 
 def read_once(data: Any) -> bool:

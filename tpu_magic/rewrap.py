@@ -11,7 +11,6 @@ from its compile config (a new optimizer; the old object cannot be reused).
 
 from __future__ import annotations
 
-import ast
 import inspect
 import types
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ class Rewrapped:
     old: Any
     new: Any
     optimizer_state_copied: bool
+    parts: tuple[str, ...] = ()  # names of its layers and inner models, rebound to the new ones
 
     def summary(self, strategy_name: str, replicas: int) -> str:
         if self.new is self.old:
@@ -40,10 +40,12 @@ class Rewrapped:
                     f"made for {replicas} replica{'s' * (replicas != 1)} when it first runs.")
         state = ", optimizer state" if self.optimizer_state_copied else ""
         also = f" (also named {', '.join(f'`{n}`' for n in self.names[1:])})" if self.names[1:] else ""
+        parts = (f" Its parts {', '.join(f'`{n}`' for n in self.parts)} now point at the new "
+                 "model's, so they stay one model with it." if self.parts else "")
         return (
             f"`{self.names[0]}`{also} was built outside {strategy_name}: "
             f"rebuilt inside it for {replicas} replica{'s' * (replicas != 1)} (same weights{state} "
-            "and compile settings); the name now points at the new model."
+            "and compile settings); the name now points at the new model." + parts
         )
 
 
@@ -204,37 +206,6 @@ def _restore_optimizer_state(new: Any, state: list | None) -> bool:
     return True
 
 
-def names_in(cell: str) -> set[str]:
-    """Names a cell reads before it assigns them (the models it uses, not those it makes).
-
-    `cell` is IPython's transformed code (`!cmd` and `%magic` lines already Python); the
-    Python a line or cell magic runs (`%time model.fit(...)`) is read too.
-    """
-    try:
-        tree = ast.parse(cell)
-    except SyntaxError:
-        return set()
-    reads: set[str] = set()
-    assigned: set[str] = set()
-    for statement in tree.body:
-        names = [n for n in ast.walk(statement) if isinstance(n, ast.Name)]
-        reads |= {n.id for n in names if isinstance(n.ctx, ast.Load)} - assigned
-        reads |= set().union(*(names_in(code) for code in _magic_code(statement))) - assigned
-        assigned |= {n.id for n in names if isinstance(n.ctx, ast.Store)}
-    return reads
-
-
-def _magic_code(statement: ast.AST) -> list[str]:
-    """The code strings a statement hands to `get_ipython().run_line_magic/run_cell_magic`."""
-    found = []
-    for node in ast.walk(statement):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
-                node.func.attr in ("run_line_magic", "run_cell_magic"):
-            found += [a.value for a in node.args[1:]
-                      if isinstance(a, ast.Constant) and isinstance(a.value, str)]
-    return found
-
-
 def rewrap_namespace(
     namespace: MutableMapping[str, Any], names: Iterable[str], connection: Any
 ) -> list[Rewrapped]:
@@ -244,13 +215,41 @@ def rewrap_namespace(
     Every name in the namespace that pointed at an old model points at its new one.
     """
     done: list[Rewrapped] = []
-    for name in sorted(names):
-        model = namespace.get(name)
-        if not isinstance(model, keras.Model) or not built_outside(model, connection):
+    outside = [name for name in sorted(names) if isinstance(namespace.get(name), keras.Model)
+               and built_outside(namespace[name], connection)]
+    # A model that holds others (a classifier on a base model) first: its parts are rebound to
+    # the new model's parts, so the family stays one (unfreezing `base` later changes the
+    # model that trains), and none of them is rebuilt on its own.
+    outside.sort(key=lambda name: -len(list(namespace[name]._flatten_layers())))
+    for name in outside:
+        model = namespace[name]
+        if not built_outside(model, connection) or _rebound(model, done):
             continue
         new, copied = rewrap(model, connection, custom_objects_from(namespace, model), label=name)
         rebound = tuple(names_of(namespace, model))
         for key in rebound:
             namespace[key] = new
-        done.append(Rewrapped(rebound, model, new, copied))
+        parts = _rebind_parts(namespace, model, new) if new is not model else ()
+        done.append(Rewrapped(rebound, model, new, copied, parts))
     return done
+
+
+def _rebound(model: Any, done: list[Rewrapped]) -> bool:
+    """Whether `model` is a part of a model already rebuilt (its names moved with it)."""
+    return any(model is layer for d in done for layer in d.old._flatten_layers())
+
+
+def _rebind_parts(namespace: MutableMapping[str, Any], old: Any, new: Any) -> tuple[str, ...]:
+    """Points every name of one of `old`'s layers (an inner model included) at `new`'s layer
+    in the same place. Returns the names rebound."""
+    pairs = {}
+    for before, after in zip(old._flatten_layers(include_self=False),
+                             new._flatten_layers(include_self=False)):
+        if type(before) is type(after) and before.name == after.name:
+            pairs[id(before)] = after
+    rebound = []
+    for key, value in list(namespace.items()):
+        if not key.startswith("_") and id(value) in pairs:
+            namespace[key] = pairs[id(value)]
+            rebound.append(key)
+    return tuple(sorted(rebound))

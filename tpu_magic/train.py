@@ -19,13 +19,15 @@ import keras
 import numpy as np
 
 from tpu_magic import arrays, checkpointing, exactness, planning, precision, routing, utilization
+from tpu_magic.agreement import ReplicasAgree
 from tpu_magic.batching import BatchPlan, plan_batches, scaled_learning_rate
 from tpu_magic.checkpoint import CheckpointStore, Checkpointing
 from tpu_magic.errors import CheckpointError, InputError, RewrapError
 from tpu_magic.planning import is_dataset
 from tpu_magic.progress import FitProgress, FitTiming, TrainingView
 from tpu_magic.report import TrainReport
-from tpu_magic.rewrap import built_for, built_outside, names_in, rewrap_namespace
+from tpu_magic.cell_code import hand_written_loop, names_in
+from tpu_magic.rewrap import built_for, built_outside, rewrap_namespace
 from tpu_magic.session import Connection
 from tpu_magic.stopping import StopOnEvent, stop_on_interrupt
 from tpu_magic.utilization import Utilization
@@ -121,6 +123,8 @@ class TrainingCell:
             self.precision = precision.choose(self.options.precision, self.connection.kind,
                                               self._bf16_chip())
             self.report.precision = self.precision.describe()
+        if self.connection.replicas > 1 and hand_written_loop(cell):
+            return self._run_on_one_device(execute, start)
         for done in rewrap_namespace(self.namespace, names_in(cell), self.connection):
             line = done.summary(type(strategy).__name__, self.connection.replicas)
             self.report.rewrapped.extend(done.names)
@@ -132,6 +136,23 @@ class TrainingCell:
             self.report.seconds = time.perf_counter() - start
             self.report.model_name = self._name_of(self.last_model)
             self._adopt_namespace()
+        return self.report
+
+    def _run_on_one_device(self, execute: Callable[[], Any], start: float) -> TrainReport:
+        """A cell with its own GradientTape loop runs as a plain cell, on one device: its
+        steps are not `strategy.run` calls, and its optimizer would update replicated
+        variables from outside a replica (TensorFlow: "DistributedVariable.handle is not
+        available outside the replica context")."""
+        __tracebackhide__ = True  # noqa: F841
+        self._note("this cell trains with its own tf.GradientTape loop, so it runs as a plain "
+                   "cell on one device, with plain Keras's numbers. To train on all "
+                   f"{self.connection.replicas} replicas, put the step in a train_step method "
+                   "and call fit (keras.io: 'Customizing what happens in fit()').")
+        try:
+            with precision.in_force(self.precision):
+                execute()
+        finally:
+            self.report.seconds = time.perf_counter() - start
         return self.report
 
     def _bf16_chip(self) -> bool | None:
@@ -167,7 +188,7 @@ class TrainingCell:
         named = set(last.named) - {"batch_size", "epochs", "initial_epoch"}
         try:
             with self.connection.strategy.scope(), routing.inside_keras(), \
-                    self.connection.backend.one_device_losses(last.model, self.connection):
+                    self.connection.backend.replica_steps(last.model, self.connection):
                 self._fit(last.model, call, named)
         finally:
             self.report.seconds = time.perf_counter() - start
@@ -186,8 +207,9 @@ class TrainingCell:
                 "the models a cell names) or build it inside the %%tpu_train cell."
             )
         self._adopt(model)
+        planning.as_arrays(call)
         with self.connection.strategy.scope(), routing.inside_keras(), \
-                self.connection.backend.one_device_losses(model, self.connection):
+                self.connection.backend.replica_steps(model, self.connection):
             return getattr(self, "_" + name)(model, call, named)
 
     # -- shared steps ----------------------------------------------------------------------
@@ -366,6 +388,8 @@ class TrainingCell:
         progress = FitProgress(timing, bar=self.bar if self.options.progress else None,
                                view=self.view)
         call["callbacks"] = list(call.get("callbacks") or []) + [progress]
+        if self.connection.replicas > 1:  # one set of BatchNorm statistics, as its copy has
+            call["callbacks"].append(ReplicasAgree(self.connection.backend))
         saver = None
         if self.store is not None:  # first, so every other callback sees restored weights
             saver = Checkpointing(self.store, seed, self.connection, resume_from)
@@ -439,12 +463,14 @@ class TrainingCell:
                     validation_steps=call.get("validation_steps") or evaluation.steps)
 
     def _whole_dataset(self, model: Any, data: Any, batch: int | None) -> Any:
-        """A user's dataset of (x, y[, w]) as whole batches with the padding masked out,
-        where the backend can and the model's loss takes the mask; otherwise as it is."""
-        if not batch or not exactness.masks_reach_loss(model, has_targets=True):
+        """A user's dataset as whole batches: padded with the padding masked out where the
+        model's loss takes the mask, else every batch cut to equal shares per replica (a
+        custom step or an inputs-only dataset: no replica gets an empty or smaller share)."""
+        if not batch and self.connection.replicas == 1:
             return data
-        return self.connection.backend.whole_dataset(data, batch, self.connection.strategy,
-                                                     self._note)
+        return self.connection.backend.whole_dataset(
+            data, batch, self.connection.strategy, self._note,
+            masked=bool(batch) and exactness.masks_reach_loss(model, has_targets=True))
 
     def _count_left_out(self, what: str, pipeline: arrays.Pipeline) -> None:
         if pipeline.left_out:

@@ -40,7 +40,7 @@ def replica_weights(model: Any, backend: Any) -> tuple[list[np.ndarray], list[st
             parts = [float32(np.asarray(p)) for p in backend.replica_values(weight)]
             replicas = max(replicas, len(parts))
             first = parts[0]
-            if len(parts) > 1 and not all(_same(first, p) for p in parts[1:]):
+            if len(parts) > 1 and not all(same(first, p) for p in parts[1:]):
                 if np.issubdtype(first.dtype, np.floating):
                     first = np.mean(np.stack(parts), axis=0).astype(first.dtype)
                     averaged.append(weight.path)
@@ -48,7 +48,7 @@ def replica_weights(model: Any, backend: Any) -> tuple[list[np.ndarray], list[st
     return arrays, averaged, replicas
 
 
-def _same(a: np.ndarray, b: np.ndarray) -> bool:
+def same(a: np.ndarray, b: np.ndarray) -> bool:
     """Equal values, NaN equal to NaN where the dtype can hold one."""
     return np.array_equal(a, b, equal_nan=np.issubdtype(a.dtype, np.inexact))
 

@@ -162,9 +162,11 @@ class Backend(Protocol):
     def repeats_input(self, steps_per_execution: int, steps_given: bool) -> bool:
         """Whether the training input is one endless dataset (else one pass per epoch)."""
 
-    def whole_dataset(self, data: Any, batch: int, strategy: Any,
-                      note: Callable[[str], None]) -> Any:
-        """A user's labelled dataset as whole, masked batches (or as it is)."""
+    def whole_dataset(self, data: Any, batch: int | None, strategy: Any,
+                      note: Callable[[str], None], masked: bool = True) -> Any:
+        """A user's dataset as whole batches: with `masked`, a labelled dataset's partial
+        batches padded with the padding masked out; otherwise each batch cut to equal
+        shares per replica (or the dataset as it is, where the backend cannot)."""
 
     def dataset_batch_size(self, data: Any) -> int | None:
         """The batch of a user's batched dataset, None where it cannot be told."""
@@ -191,9 +193,10 @@ class Backend(Protocol):
         """Why the model's `jit_compile=True` cannot run on this connection (tpu_magic then
         turns it off for the model), or None where it can."""
 
-    def one_device_losses(self, model: Any, connection: "Connection") -> ContextManager[Any]:
-        """While tpu_magic runs the model's steps: each replica's losses are those of its own
-        batch, as on one device, and its optimizers average the replicas' gradients."""
+    def replica_steps(self, model: Any, connection: "Connection") -> ContextManager[Any]:
+        """While tpu_magic runs the model's steps on the replicas: each replica's losses are
+        those of its own batch, as on one device, its optimizers average the replicas'
+        gradients, and every optimizer it holds is built before the first step."""
 
     def compile_counts(self) -> "CompileCounts | None":
         """Programs compiled and loaded from the persistent cache so far (None: not known)."""

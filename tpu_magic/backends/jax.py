@@ -192,8 +192,8 @@ class JaxBackend(Named):
     def repeats_input(self, steps_per_execution: int, steps_given: bool) -> bool:
         return False  # a PyDataset is asked for each epoch
 
-    def whole_dataset(self, data: Any, batch: int, strategy: Any,
-                      note: Callable[[str], None]) -> Any:
+    def whole_dataset(self, data: Any, batch: int | None, strategy: Any,
+                      note: Callable[[str], None], masked: bool = True) -> Any:
         return data  # tf.data datasets on JAX go to Keras as they are
 
     def dataset_batch_size(self, data: Any) -> int | None:
@@ -205,7 +205,7 @@ class JaxBackend(Named):
     def jit_compile_note(self, connection: Connection, model: Any) -> str | None:
         return None  # JAX compiles every step with XLA anyway
 
-    def one_device_losses(self, model: Any, connection: Connection) -> Any:
+    def replica_steps(self, model: Any, connection: Connection) -> Any:
         # Keras on JAX computes a step over the global batch (sharded arrays): its losses
         # and gradients are one device's already.
         return contextlib.nullcontext()

@@ -199,12 +199,13 @@ class TensorFlowBackend(Named):
         # executions of K steps on an endless dataset and so overshoot the epoch.
         return steps_per_execution == 1 or steps_given
 
-    def whole_dataset(self, data: Any, batch: int, strategy: Any,
-                      note: Callable[[str], None]) -> Any:
+    def whole_dataset(self, data: Any, batch: int | None, strategy: Any,
+                      note: Callable[[str], None], masked: bool = True) -> Any:
         from tpu_magic.backends import tf_data as pipeline
 
-        if not pipeline.labelled(data):
-            return data
+        replicas = getattr(strategy, "num_replicas_in_sync", 1)
+        if not (masked and pipeline.labelled(data)):
+            return pipeline.equal_shares(data, replicas) if replicas > 1 else data
         if getattr(strategy, "num_replicas_in_sync", 1) > 1 and pipeline.unseeded_shuffle(data):
             note("the dataset shuffles without a seed, so it cannot be split into one "
                  "pipeline per replica (each would shuffle its own way) and Keras "
@@ -235,7 +236,7 @@ class TensorFlowBackend(Named):
         return None
 
     @contextlib.contextmanager
-    def one_device_losses(self, model: Any, connection: Connection) -> Iterator[None]:
+    def replica_steps(self, model: Any, connection: Connection) -> Iterator[None]:
         """Keras on TensorFlow divides every `Loss` result and `add_loss` total computed in a
         replica by the replica count, sums the replicas' gradients, and multiplies the
         loss back only inside its own `train_step`/`test_step`. A custom step (or a layer
@@ -243,6 +244,11 @@ class TensorFlowBackend(Named):
         it. Here, instead, a replica's losses stay its own batch's mean (scaling is off while
         the model's steps are traced) and the model's optimizers average the gradients: the
         same numbers on every path as on one device.
+
+        An optimizer a custom `compile` keeps (a GAN's two) would build its slots inside the
+        first step, in a replica, which TensorFlow cannot run ("You must feed a value for
+        placeholder tensor"): it is built here first, over all the model's trainable
+        variables (it updates only those its step gives it; the others' slots stay unused).
         """
         if not _mirrored_replicas(connection):
             yield
@@ -251,6 +257,8 @@ class TensorFlowBackend(Named):
 
         for optimizer in _optimizers_of(model):
             _average_gradients(optimizer)
+            if not optimizer.built and model.trainable_variables:
+                optimizer.build(model.trainable_variables)
         scale, unscale = (loss_module.scale_loss_for_distribution,
                           loss_module.unscale_loss_for_distribution)
         loss_module.scale_loss_for_distribution = loss_module.unscale_loss_for_distribution = \

@@ -253,6 +253,47 @@ def unseeded_shuffle(dataset: Any) -> bool:
     return False
 
 
+def equal_shares(dataset: Any, replicas: int) -> Any:
+    """Each batch cut to a whole number of rows per replica (a partial last batch of 13 rows
+    on 8 replicas keeps 8), and a batch with fewer rows than replicas dropped: no replica
+    gets an empty share or a smaller one than the others. For steps that cannot skip
+    padding (a custom `train_step`, a dataset of inputs only)."""
+    def cut(*element):
+        rows = tf.shape(tf.nest.flatten(element)[0])[0]
+        keep = rows - rows % replicas
+        parts = tf.nest.map_structure(lambda t: t[:keep], element)
+        return parts if len(element) > 1 else parts[0]
+
+    def not_empty(*element):
+        return tf.shape(tf.nest.flatten(element)[0])[0] >= replicas
+
+    batches = int(dataset.cardinality())
+    last = _last_batch_rows(dataset)
+    if batches < 0 or last is None:
+        # Unknown: a filter (Keras then runs one step more per epoch on empty replica
+        # batches, as for any dataset of unknown length under MirroredStrategy).
+        return dataset.filter(not_empty).map(cut)
+    if last < replicas:  # the last batch would leave a replica empty: it goes
+        dataset = dataset.take(batches - 1)
+    return dataset.map(cut)
+
+
+def _last_batch_rows(dataset: Any) -> int | None:
+    """Rows in the last batch of `rows.batch(B)` (maps after it allowed), where the rows'
+    count is known; None where it cannot be told without reading the data."""
+    node = dataset
+    while node is not None:
+        size = getattr(node, "_batch_size", None)
+        if size is not None:
+            batch = int(size)
+            if bool(getattr(node, "_drop_remainder", False)):
+                return batch
+            rows = int(node._input_dataset.cardinality())
+            return None if rows < 0 else (rows % batch or batch)
+        node = getattr(node, "_input_dataset", None)
+    return None
+
+
 def labelled(dataset: Any) -> bool:
     """Whether a dataset's elements are (x, y) or (x, y, sample_weight)."""
     spec = dataset.element_spec
