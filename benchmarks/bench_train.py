@@ -302,7 +302,7 @@ def measure(args) -> int:
     import numpy as np
 
     import tpu_magic
-    from tpu_magic.precision import choose
+    from tpu_magic.training.precision import choose
 
     connection = tpu_magic.session()
     replicas = connection.replicas

@@ -57,7 +57,7 @@ def main() -> None:
 
 
 def hang_while_writing(epoch: int, marker: Path) -> None:
-    from tpu_magic import checkpoint
+    from tpu_magic.training import checkpoint_store as checkpoint
 
     real_write = checkpoint._write_file
 

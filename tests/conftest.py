@@ -1,28 +1,51 @@
 """One real IPython shell and one TensorFlow runtime split into 8 logical CPUs for the suite.
 
-The CPU must be split before TensorFlow runs its first op, so it happens here, at
-collection, through tpu_magic's own function. Tests then connect with
-`--simulate 8` (8 replicas, as a TPU v2-8) or `cpu` (1 replica) as they need.
+The CPU must be split before TensorFlow runs its first op, so it happens here, when pytest
+starts (before any test module is imported), through tpu_magic's own function. Tests then
+connect with `--simulate 8` (8 replicas, as a TPU v2-8) or `cpu` (1 replica) as they need.
+
+`python -m pytest tests/unit` (the pure modules' suite) starts no TensorFlow: it is
+collected alone then, and its own conftest checks that nothing heavy was imported.
 """
 
 import os
 import socket
 import sys
 import threading
+from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest
-from shell import testing_shell
 
-from tpu_magic.backends import tf as tf_backend
-from tpu_magic.session import set_session
+from tpu_magic.core.process import set_connection as set_session
 
 REPLICAS = 8
+HERE = Path(__file__).parent
 # Another Keras backend needs another process: tests/test_jax.py runs that suite; the unit
 # suite runs without TensorFlow in a process of its own too (tests/test_unit.py).
-collect_ignore = ["jax_backend", "unit"]
-tf_backend.configure_logical_cpus(REPLICAS)
+OWN_PROCESS = ("jax_backend", "unit")
+
+
+def _unit_only(config) -> bool:
+    """Whether pytest was asked for tests/unit alone."""
+    args = [Path(a.split("::")[0]).resolve() for a in config.args]
+    return bool(args) and all(a.is_relative_to(HERE / "unit") for a in args)
+
+
+def pytest_configure(config):
+    if not _unit_only(config):
+        from tpu_magic.backends import tf as tf_backend
+
+        tf_backend.configure_logical_cpus(REPLICAS)
+
+
+def pytest_ignore_collect(collection_path, config):
+    if _unit_only(config):
+        return None
+    if any(collection_path == HERE / name for name in OWN_PROCESS):
+        return True
+    return None
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -53,6 +76,8 @@ def pytest_unconfigure(config):
 
 @pytest.fixture(scope="session")
 def ip():
+    from shell import testing_shell
+
     yield testing_shell()
 
 

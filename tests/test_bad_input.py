@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from IPython.core.error import UsageError
 
 import tpu_magic
-from tpu_magic import connect as connect_module
-from tpu_magic.errors import ConnectError
+from tpu_magic.connecting import connect as connect_module
+from tpu_magic.core.errors import ConnectError
 
 NUMBERS = st.one_of(st.integers(-3, 3), st.integers(-(10**12), 10**12),
                     st.sampled_from(["8", "0", "-1", "1e9", "nan", "inf", "-inf", "0.001", "1e-300",

@@ -12,7 +12,7 @@ from cells import train
 from IPython.core.error import UsageError
 
 import tpu_magic
-from tpu_magic.checkpoint import read_checkpoint
+from tpu_magic.training.checkpoint_store import read_checkpoint
 
 ADAM = """
 keras.utils.set_random_seed(3)
@@ -155,7 +155,7 @@ def test_a_read_only_directory_is_refused(digits, tmp_path):
 
 
 def test_a_full_disk_stops_training_with_the_state_intact(digits, tmp_path, monkeypatch):
-    from tpu_magic import checkpoint
+    from tpu_magic.training import checkpoint_store as checkpoint
 
     real_write = checkpoint._write_file
 

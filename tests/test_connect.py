@@ -10,9 +10,10 @@ import tensorflow as tf
 from IPython.core.error import UsageError
 
 import tpu_magic
-from tpu_magic import connect as connect_module
+from tpu_magic.connecting import connect as connect_module
 from tpu_magic.backends import tf as tf_backend
-from tpu_magic.check import version_warnings
+from tpu_magic.core import process
+from tpu_magic.connecting.check import version_warnings
 
 
 def tf_still_runs():
@@ -120,7 +121,7 @@ def test_silent_tpu_port_ends_within_the_timeout_and_tf_lives(fresh, silent_serv
 
 
 def test_silent_tcp_connect_is_bounded_by_the_timeout(monkeypatch):
-    from tpu_magic import probe
+    from tpu_magic.connecting import probe
 
     def hang(*args, timeout, **kwargs):
         time.sleep(timeout)
@@ -157,7 +158,7 @@ class FakeTpuRuntime:
 def test_tpu_initialised_once_and_a_second_target_needs_a_restart(fresh, monkeypatch):
     fake = FakeTpuRuntime()
     monkeypatch.setattr(tf_backend, "tpu_runtime", fake)
-    monkeypatch.setattr(tf_backend, "_initialized_tpu", None)
+    monkeypatch.setattr(process, "_tpu_system", None)
     result = fresh.run_line_magic("tpu_connect", "local")
     assert (result.kind, result.target, result.replicas) == ("tpu", "local", 8)
     assert tpu_magic.session().tpu_rules

@@ -9,9 +9,9 @@ import pytest
 
 import keras
 import tpu_magic
-from tpu_magic.lossplot import loss_svg
-from tpu_magic.panel import Panel
-from tpu_magic.progress import FitProgress, FitTiming
+from tpu_magic.notebook.lossplot import loss_svg
+from tpu_magic.notebook.panel import Panel
+from tpu_magic.training.progress import FitProgress, FitTiming
 
 from cells import DENSE, SETUP, train
 
@@ -256,7 +256,7 @@ def _train_for_long(ip):
     "model.set_weights(model.get_weights())",
 ])
 def test_a_plain_cell_cannot_touch_the_model_a_panel_job_trains(panel_ip, line):
-    from tpu_magic.errors import BusyError
+    from tpu_magic.core.errors import BusyError
 
     job = _train_for_long(panel_ip)
     model = panel_ip.user_ns["model"]
@@ -299,7 +299,7 @@ def test_another_shell_cannot_change_the_connection_while_a_job_trains(panel_ip)
 
 
 def test_train_is_off_after_a_fit_that_read_a_generator(panel_ip):
-    from tpu_magic.errors import TrainJobError
+    from tpu_magic.core.errors import TrainJobError
 
     panel = tpu_magic.workspace().panel
     train(panel_ip, DENSE + """
@@ -312,7 +312,7 @@ model.fit(batches(), epochs=1, verbose=0)
     assert "Train is off: this fit read a generator (x)" in html.unescape(panel.batch_note.value)
     panel.train_button.click()
     assert panel.job is None
-    from tpu_magic.job import start_training
+    from tpu_magic.notebook.job import start_training
 
     with pytest.raises(TrainJobError, match="train from a cell"):
         start_training(tpu_magic.session(), tpu_magic.workspace(), panel_ip.user_ns,

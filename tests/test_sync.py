@@ -8,8 +8,8 @@ import tensorflow as tf
 from IPython.core.error import UsageError
 
 import keras
-from tpu_magic.atomic import atomic_path
-from tpu_magic.sync import SyncReport, variable_batch, weights_path
+from tpu_magic.core.atomic import atomic_path
+from tpu_magic.training.sync import SyncReport, variable_batch, weights_path
 
 from cells import DENSE, train
 

@@ -7,7 +7,7 @@ from IPython.core.error import UsageError
 
 import keras
 import tpu_magic
-from tpu_magic.progress import FitProgress, FitTiming
+from tpu_magic.training.progress import FitProgress, FitTiming
 
 from cells import DENSE, SETUP, train
 
@@ -352,7 +352,7 @@ def test_one_replica_on_the_cpu(fresh):
 
 
 def test_without_a_connect_it_connects_first(fresh, monkeypatch, capsys):
-    from tpu_magic import connect as connect_module
+    from tpu_magic.connecting import connect as connect_module
 
     monkeypatch.delenv("TPU_NAME", raising=False)
     monkeypatch.setattr(connect_module, "read_machine_signs", connect_module.MachineSigns)
@@ -373,7 +373,7 @@ def test_evaluate_and_predict_default_batch_needs_no_tpu_advice(digits):
 def test_tensorflow_info_lines_are_dropped_only_while_silenced():
     import logging
 
-    from tpu_magic.quiet import tensorflow_info_silenced
+    from tpu_magic.notebook.quiet import tensorflow_info_silenced
 
     seen = []
     handler = logging.Handler()
@@ -396,7 +396,7 @@ def test_tensorflow_info_lines_are_dropped_only_while_silenced():
 def test_native_log_level_is_set_only_when_the_user_chose_none(monkeypatch):
     import os
 
-    from tpu_magic.quiet import quiet_native_logs
+    from tpu_magic.notebook.quiet import quiet_native_logs
 
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")
     quiet_native_logs()

@@ -3,8 +3,8 @@
 import pytest
 
 import keras
-from tpu_magic.progress import FitProgress, FitTiming
-from tpu_magic.utilization import counted_training_flops, forward_flops
+from tpu_magic.training.progress import FitProgress, FitTiming
+from tpu_magic.core.flops import counted_training_flops, forward_flops
 
 CONV = """
 keras.utils.set_random_seed(4)

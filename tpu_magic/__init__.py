@@ -5,23 +5,23 @@ Importing this package is cheap: TensorFlow, Keras, JAX and ipywidgets are
 imported by the functions that need them, on first connect.
 """
 
-from tpu_magic.session import Connection, Session, session
-from tpu_magic.workspace import Workspace, workspace
+from tpu_magic.core.session import Connection, session
+from tpu_magic.notebook.workspace import Workspace, workspace
 
-__all__ = ["Connection", "Session", "Workspace", "session", "workspace",
+__all__ = ["Connection", "Workspace", "session", "workspace",
            "load_ipython_extension", "unload_ipython_extension"]
 __version__ = "0.1.0"
 
 
 def load_ipython_extension(ipython):
     """Registers the magics (`%load_ext tpu_magic`)."""
-    from tpu_magic.magics import register
+    from tpu_magic.notebook.magics import register
 
     register(ipython)
 
 
 def unload_ipython_extension(ipython):
     """Removes the magics (`%unload_ext tpu_magic`)."""
-    from tpu_magic.magics import unregister
+    from tpu_magic.notebook.magics import unregister
 
     unregister(ipython)

@@ -38,7 +38,7 @@ def train(ip, cell, line="--no-progress"):
 def test_connect_uses_data_parallel_over_8_devices_and_no_tensorflow(ip):
     result = ip.connected
     assert (result.backend, result.strategy_name, result.replicas) == ("jax", "DataParallel", 8)
-    assert tpu_magic.session().backend == "jax"
+    assert tpu_magic.session().backend.name == "jax"
     assert "tensorflow" not in sys.modules
     assert "Keras on JAX" in result.summary()
     assert "TensorFlow cannot be imported here and JAX can" in result.summary()
@@ -79,7 +79,7 @@ def test_an_lstm_trains_and_its_cpu_copy_predicts_any_count(ip):
     report = train(ip, LSTM + "lstm.fit(words[:500], y[:500], batch_size=64, epochs=1)")
     assert report.epochs == 1 and report.steps == 8
     # XLA counts the scan's body once: the layers' count (40 steps of the LSTM) is used
-    from tpu_magic.utilization import counted_training_flops
+    from tpu_magic.core.flops import counted_training_flops
 
     assert report.utilization.source == "counted from the layers"
     assert report.utilization.flops_per_sample == counted_training_flops(ip.user_ns["lstm"])
@@ -200,9 +200,9 @@ def test_a_single_chip_tpu_is_one_replica_with_tpu_advice(ip, monkeypatch):
     """Colab's v5e-1: `local` on a TPU VM without TensorFlow, one TPU device (here a CPU one)."""
     import jax
 
-    from tpu_magic import connect as connecting
-    from tpu_magic.session import set_session
-    from tpu_magic.target import MachineSigns
+    from tpu_magic.connecting import connect as connecting
+    from tpu_magic.core.process import set_connection as set_session
+    from tpu_magic.core.target import MachineSigns
 
     one_chip = jax.devices("cpu")[:1]
     real_devices = jax.devices
@@ -265,7 +265,7 @@ def test_mixed_bfloat16_on_jax_and_a_float32_cpu_copy(ip):
 
 
 def test_xla_counts_the_flops_the_layers_add_up_to_and_the_report_uses_them(ip):
-    from tpu_magic.utilization import counted_training_flops
+    from tpu_magic.core.flops import counted_training_flops
 
     report = train(ip, """
 keras.utils.set_random_seed(4)

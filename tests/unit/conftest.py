@@ -1,9 +1,8 @@
 """The unit suite: tpu_magic's pure modules, in seconds, without TensorFlow, Keras or JAX.
 
-Run it on its own with `python -m pytest tests/unit --confcutdir=tests/unit` (the
-`--confcutdir` keeps tests/conftest.py, which starts TensorFlow, out). The main suite runs
-it that way in a subprocess with TensorFlow blocked (tests/test_unit.py) and checks that
-nothing heavy was imported.
+Run it on its own with `python -m pytest tests/unit` (tests/conftest.py starts no
+TensorFlow for it). The main suite runs it in a subprocess with TensorFlow blocked
+(tests/test_unit.py); this conftest fails the run if anything heavy was imported.
 """
 
 import sys

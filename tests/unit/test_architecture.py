@@ -1,13 +1,25 @@
-"""The rules of ARCHITECTURE.md that code can check: no import circle, and no decision
-between TensorFlow and JAX outside `tpu_magic/backends/`."""
+"""The rules of ARCHITECTURE.md that code can check: the layers (a folder each) import only
+downwards, no import circle (function-level imports and importlib's included), no decision
+between TensorFlow and JAX outside `tpu_magic/backends/`, and a map that names every module.
+"""
 
 import ast
+import re
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[2] / "tpu_magic"
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "tpu_magic"
+# Top to bottom. A module may import modules of its own folder and of the layers below;
+# folders that share a layer may not import each other.
+LAYERS = [
+    ("tpu_magic", "tpu_magic.datasets", "tpu_magic.notebook"),
+    ("tpu_magic.connecting", "tpu_magic.training"),
+    ("tpu_magic.backends",),
+    ("tpu_magic.core",),
+]
 # Modules that reason about installed packages by name (the doctor's diagnoses, the
 # version checks): they name frameworks, they do not choose code paths by backend.
-ABOUT_PACKAGES = {"doctor.py", "deps.py", "compile_cache.py"}
+ABOUT_PACKAGES = {"connecting/doctor.py", "core/deps.py"}
 BACKEND_WORDS = {"tf", "jax", "tensorflow", "MirroredStrategy", "TPUStrategy",
                  "OneDeviceStrategy", "DataParallel"}
 
@@ -15,7 +27,7 @@ BACKEND_WORDS = {"tf", "jax", "tensorflow", "MirroredStrategy", "TPUStrategy",
 def _modules() -> dict[str, Path]:
     found = {}
     for path in PACKAGE.rglob("*.py"):
-        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        parts = path.relative_to(ROOT).with_suffix("").parts
         name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
         found[name] = path
     return found
@@ -31,7 +43,8 @@ def _tree(path: Path) -> ast.Module:
 
 
 def _imports(tree: ast.Module, modules: dict[str, Path]) -> set[str]:
-    """tpu_magic modules imported anywhere in the module (at the top or in a function)."""
+    """tpu_magic modules the module imports: at the top, in a function, or by name through
+    importlib (any string that names a module, as `backends._MODULES` does)."""
     found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -39,24 +52,74 @@ def _imports(tree: ast.Module, modules: dict[str, Path]) -> set[str]:
             found |= subs or ({node.module} & set(modules))
         elif isinstance(node, ast.Import):
             found |= {a.name for a in node.names} & set(modules)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and \
+                node.value in modules and node.value != "tpu_magic":
+            found.add(node.value)
     return found
 
 
-def test_no_module_imports_one_that_imports_it_back():
+def _graph() -> dict[str, set[str]]:
     modules = _modules()
-    graph = {name: _imports(_tree(path), modules) - {name} for name, path in modules.items()}
-    circles = []
+    return {name: _imports(_tree(path), modules) - {name} for name, path in modules.items()}
+
+
+def _folder(module: str) -> tuple[int, str]:
+    """(the layer's index, the folder) a module belongs to: the longest listed prefix."""
+    best = None
+    for index, folders in enumerate(LAYERS):
+        for folder in folders:
+            if (module == folder or module.startswith(folder + ".")) and \
+                    (best is None or len(folder) > len(best[1])):
+                best = (index, folder)
+    assert best is not None, f"{module} is in no layer: add its folder to LAYERS"
+    return best
+
+
+def upward(graph: dict[str, set[str]]) -> list[str]:
+    """Imports against the layers: upwards, or sideways into another folder of one layer."""
+    found = []
+    for module, imported in sorted(graph.items()):
+        layer, folder = _folder(module)
+        for other in sorted(imported):
+            their_layer, their_folder = _folder(other)
+            if their_layer < layer or (their_layer == layer and their_folder != folder
+                                       and layer != 0):
+                found.append(f"{module} → {other}")
+    return found
+
+
+def circles(graph: dict[str, set[str]]) -> list[str]:
+    found = []
 
     def visit(start: str, node: str, path: list[str]) -> None:
-        for nxt in sorted(graph[node]):
+        for nxt in sorted(graph.get(node, ())):
             if nxt == start:
-                circles.append(" → ".join(path + [start]))
+                found.append(" → ".join(path + [start]))
             elif nxt not in path and nxt > start:  # each circle once, from its smallest name
                 visit(start, nxt, path + [nxt])
 
     for name in sorted(graph):
         visit(name, name, [name])
-    assert circles == []
+    return found
+
+
+def test_every_import_goes_down_the_layers():
+    assert upward(_graph()) == []
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    assert circles(_graph()) == []
+
+
+def test_the_rules_find_an_upward_import_and_a_circle_where_there_is_one():
+    planted = _graph()
+    planted["tpu_magic.core.errors"] = {"tpu_magic.training.cell"}  # core reaching up
+    planted["tpu_magic.training.report"] = {"tpu_magic.connecting.check"}  # sideways
+    assert upward(planted) == ["tpu_magic.core.errors → tpu_magic.training.cell",
+                               "tpu_magic.training.report → tpu_magic.connecting.check"]
+    assert any("tpu_magic.core.errors" in c for c in circles(planted))
+    text = 'import importlib\n_M = {"tf": "tpu_magic.backends.tf"}\n'
+    assert _imports(ast.parse(text), _modules()) == {"tpu_magic.backends.tf"}
 
 
 def _branches_on_backend(tree: ast.Module) -> list[int]:
@@ -79,7 +142,8 @@ def _branches_on_backend(tree: ast.Module) -> list[int]:
 def test_only_the_backends_choose_between_tensorflow_and_jax():
     found = {}
     for name, path in _modules().items():
-        if name.startswith("tpu_magic.backends") or path.name in ABOUT_PACKAGES:
+        relative = path.relative_to(PACKAGE).as_posix()
+        if name.startswith("tpu_magic.backends") or relative in ABOUT_PACKAGES:
             continue
         lines = _branches_on_backend(_tree(path))
         if lines:
@@ -90,3 +154,16 @@ def test_only_the_backends_choose_between_tensorflow_and_jax():
 def test_the_rule_finds_a_branch_where_there_is_one():
     tree = ast.parse('if session.backend == "jax":\n    pass\nok = hasattr(s, "extended")\n')
     assert _branches_on_backend(tree) == [1, 3]
+
+
+def test_the_map_names_every_module_and_only_modules_that_exist():
+    text = (ROOT / "ARCHITECTURE.md").read_text()
+    named = set(re.findall(r"`((?:[a-z_]+/)?[a-z_]+\.py)`", text))
+    on_disk = {p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")}
+    assert on_disk - named == set(), "modules ARCHITECTURE.md does not name"
+    assert named - on_disk == set(), "ARCHITECTURE.md names modules that do not exist"
+    for folders in LAYERS:
+        for folder in folders[1:] if folders[0] == "tpu_magic" else folders:
+            short = folder.removeprefix("tpu_magic.")
+            if not short.endswith("datasets"):
+                assert f"`{short}/`" in text, f"ARCHITECTURE.md does not show the folder {short}/"

@@ -3,7 +3,7 @@
 import pytest
 
 from tpu_magic.backends import choose_backend
-from tpu_magic.errors import ConnectError
+from tpu_magic.core.errors import ConnectError
 
 JAX = {"jax": "0.10.2"}
 TF_TPU = {"tensorflow-tpu": "2.21.0", "jax": "0.10.2"}

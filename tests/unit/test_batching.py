@@ -2,8 +2,8 @@
 
 import pytest
 
-from tpu_magic.batching import nearest_valid, plan_batches, scaled_learning_rate, steps_for
-from tpu_magic.errors import BatchSizeError
+from tpu_magic.core.batching import nearest_valid, plan_batches, scaled_learning_rate, steps_for
+from tpu_magic.core.errors import BatchSizeError
 
 
 @pytest.mark.parametrize("batch, replicas, valid", [

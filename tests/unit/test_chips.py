@@ -2,10 +2,11 @@
 
 import pytest
 
-from tpu_magic import check
-from tpu_magic.batching import plan_batches
-from tpu_magic.chips import CHIPS, chip_for
-from tpu_magic.session import Connection
+from tpu_magic.connecting import check
+from tpu_magic.core import devices
+from tpu_magic.core.batching import plan_batches
+from tpu_magic.core.chips import CHIPS, chip_for
+from tpu_magic.core.session import Connection
 
 
 @pytest.mark.parametrize("name, chip", [
@@ -51,29 +52,29 @@ def test_a_tpu_v2_device_is_one_core_half_a_chip():
 
 def test_a_kaggle_tpu_is_named_by_device_kind_and_accelerator_type():
     env = {"TPU_ACCELERATOR_TYPE": "v5litepod-8", "ISTPUVM": "1"}
-    name = check.device_name("tpu", "TPU v5 lite", False, env)
+    name = devices.device_name("tpu", "TPU v5 lite", False, env)
     assert name == "TPU v5 lite (v5litepod-8)"
-    assert check.chip_named("tpu", name, env).name == "TPU v5e"
+    assert devices.chip_named("tpu", name, env).name == "TPU v5e"
     # TensorFlow gives no device kind: the accelerator type alone names the chip
-    assert check.chip_named("tpu", check.device_name("tpu", "", False, env), env).name == "TPU v5e"
-    assert check.chip_named("cpu", "CPU (simulated TPU core)", env) is None
+    assert devices.chip_named("tpu", devices.device_name("tpu", "", False, env), env).name == "TPU v5e"
+    assert devices.chip_named("cpu", "CPU (simulated TPU core)", env) is None
 
 
 def test_memory_in_use_against_the_runtimes_limit_or_the_nominal_figure():
     gib = 2 ** 30
-    runtime = check.memory_of(2 * gib, 16 * gib, 3 * gib, CHIPS["TPU v5e"])
+    runtime = devices.memory_of(2 * gib, 16 * gib, 3 * gib, CHIPS["TPU v5e"])
     assert str(runtime) == "2.00 GiB in use of 16.00 GiB (12 %), peak 3.00 GiB"
-    nominal = check.memory_of(4 * gib, None, None, CHIPS["TPU v6e"])
+    nominal = devices.memory_of(4 * gib, None, None, CHIPS["TPU v6e"])
     assert str(nominal) == "4.00 GiB in use of 32.00 GiB (the chip's nominal HBM) (12 %)"
-    a100 = check.memory_of(gib, None, None, CHIPS["NVIDIA A100"], "NVIDIA A100-SXM4-80GB")
+    a100 = devices.memory_of(gib, None, None, CHIPS["NVIDIA A100"], "NVIDIA A100-SXM4-80GB")
     assert a100.total_gib == 80
-    assert check.memory_of(None, None, None, None) is None
+    assert devices.memory_of(None, None, None, None) is None
 
 
 def test_the_check_shows_measured_against_nominal_and_memory(monkeypatch):
     v5e = CHIPS["TPU v5e"]
-    memory = check.memory_of(2 ** 30, 16 * 2 ** 30, None, v5e)
-    view = check.DeviceView("TPU v5 lite (v5litepod-1)", v5e, memory, lambda dtype, n: 98.5)
+    memory = devices.memory_of(2 ** 30, 16 * 2 ** 30, None, v5e)
+    view = devices.DeviceView("TPU v5 lite (v5litepod-1)", v5e, memory, lambda dtype, n: 98.5)
     monkeypatch.setattr(check, "device_view", lambda s, env=None: view)
     monkeypatch.setattr(check, "_doctor", lambda s, env, versions: ())
     one_chip = Connection(target="local", kind="tpu", replicas=1, strategy=None, backend=None,

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from tpu_magic.doctor import Runtime, diagnose, lock_holder, report
+from tpu_magic.connecting.doctor import Runtime, diagnose, lock_holder, report
 
 COLAB_TPU = {"jax": "0.7.0", "jaxlib": "0.7.0", "libtpu": "0.0.17", "keras": "3.13.0"}
 KAGGLE_TPU = {"jax": "0.7.0", "keras": "3.13.0", "tensorflow-cpu": "2.20.0"}
@@ -65,9 +65,9 @@ def test_the_lock_holder_is_found_through_proc(tmp_path):
 
 
 def test_a_failed_connect_says_what_the_doctor_finds(monkeypatch):
-    from tpu_magic import connect as connect_module
-    from tpu_magic.errors import ConnectError
-    from tpu_magic.target import MachineSigns
+    from tpu_magic.connecting import connect as connect_module
+    from tpu_magic.core.errors import ConnectError
+    from tpu_magic.core.target import MachineSigns
 
     def no_tpu(*args, **kwargs):
         raise ConnectError("no TPU is attached (local)")

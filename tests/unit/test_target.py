@@ -2,8 +2,8 @@
 
 import pytest
 
-from tpu_magic.errors import AddressError
-from tpu_magic.target import MachineSigns, parse_grpc_address, parse_target, resolve_target
+from tpu_magic.core.errors import AddressError
+from tpu_magic.core.target import MachineSigns, parse_grpc_address, parse_target, resolve_target
 
 NONE = MachineSigns()
 

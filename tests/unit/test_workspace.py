@@ -2,8 +2,8 @@
 
 import pytest
 
-from tpu_magic.errors import BusyError
-from tpu_magic.workspace import Workspace, workspace_of
+from tpu_magic.core.errors import BusyError
+from tpu_magic.notebook.workspace import Workspace, workspace_of
 
 
 class FakeJob:

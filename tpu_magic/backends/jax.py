@@ -13,16 +13,17 @@ import os
 import re
 from typing import Any, Callable, Iterator, Mapping
 
-from tpu_magic import compile_cache as cache
-from tpu_magic.backends import Named
-from tpu_magic.check import DeviceView, chip_named, device_name, host_memory, memory_of, \
+from tpu_magic.backends import compile_cache as cache
+from tpu_magic.backends.protocol import Named
+from tpu_magic.core import process
+from tpu_magic.core.devices import DeviceView, chip_named, device_name, host_memory, memory_of, \
     runs_per_second
-from tpu_magic.deps import installed_versions
-from tpu_magic.errors import ConnectError, MissingDependencyError
-from tpu_magic.session import Connection
-from tpu_magic.target import Target
-from tpu_magic.utilization import counted_training_flops
-from tpu_magic.variables import variables_of
+from tpu_magic.core.deps import installed_versions
+from tpu_magic.core.errors import ConnectError, MissingDependencyError
+from tpu_magic.core.session import Connection
+from tpu_magic.core.target import Target
+from tpu_magic.core.flops import counted_training_flops
+from tpu_magic.core.variables import variables_of
 
 JAX_FIX = ("JAX is not installed: `pip install \"tpu_magic[jax]\"` (CPU), `pip install "
            "\"jax[tpu]\"` on a TPU VM or `pip install \"jax[cuda12]\"` for GPUs, then restart "
@@ -111,7 +112,6 @@ class JaxBackend(Named):
     """The `Backend` for Keras on JAX."""
 
     name = "jax"
-    keras_name = "jax"
     label = "JAX"
     static_batch_is_global = True  # DataParallel traces the global batch
 
@@ -129,7 +129,9 @@ class JaxBackend(Named):
             MissingDependencyError: JAX is not installed.
         """
         if simulate is not None:
-            os.environ["XLA_FLAGS"] = host_device_flags(os.environ.get("XLA_FLAGS", ""), simulate)
+            process.set_environment(
+                "XLA_FLAGS", host_device_flags(os.environ.get("XLA_FLAGS", ""), simulate),
+                "JAX splits the CPU into devices once, when its runtime starts")
         jax = require_jax()
         import keras
 

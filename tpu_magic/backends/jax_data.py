@@ -14,9 +14,9 @@ from typing import Any
 import keras
 import numpy as np
 
-from tpu_magic.arrays import Pipeline, new_seed, num_samples
-from tpu_magic.batching import steps_for
-from tpu_magic.exactness import MASK, REAL, WEIGHT
+from tpu_magic.core.arrays import Pipeline, new_seed, num_samples
+from tpu_magic.core.batching import steps_for
+from tpu_magic.core.packed import MASK, REAL, WEIGHT
 
 
 class PaddedBatches(keras.utils.PyDataset):

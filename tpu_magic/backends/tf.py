@@ -10,15 +10,16 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Iterator, Mapping
 
-from tpu_magic.backends import Named
-from tpu_magic.check import DeviceView, chip_named, device_name, host_memory, memory_of, \
+from tpu_magic.backends.protocol import Named
+from tpu_magic.core import process
+from tpu_magic.core.devices import DeviceView, chip_named, device_name, host_memory, memory_of, \
     runs_per_second
-from tpu_magic.deps import require_tensorflow
-from tpu_magic.errors import ConnectError
-from tpu_magic.session import Connection
-from tpu_magic.target import NO_TPU_FIX, Target
-from tpu_magic.utilization import counted_training_flops
-from tpu_magic.variables import variables_of
+from tpu_magic.core.deps import require_tensorflow
+from tpu_magic.core.errors import ConnectError
+from tpu_magic.core.session import Connection
+from tpu_magic.core.target import NO_TPU_FIX, Target
+from tpu_magic.core.flops import counted_training_flops
+from tpu_magic.core.variables import variables_of
 
 
 class TpuRuntime:
@@ -37,13 +38,6 @@ class TpuRuntime:
 
 
 tpu_runtime = TpuRuntime()
-# The TPU address initialised in this process: TensorFlow allows one per process.
-_initialized_tpu: str | None = None
-
-# One MirroredStrategy per device set and process. Measured: a second one over the same
-# devices restarts the collective instance keys, and its first all-reduce fails with
-# "Shape mismatch in the collective instance" against shapes the runtime cached.
-_mirrored: dict[tuple[str, ...], Any] = {}
 
 
 def configure_logical_cpus(n: int) -> None:
@@ -69,10 +63,8 @@ def configure_logical_cpus(n: int) -> None:
 
 
 def mirrored_strategy(tf: Any, devices: tuple[str, ...]) -> Any:
-    """The process's MirroredStrategy over `devices` (made once)."""
-    if devices not in _mirrored:
-        _mirrored[devices] = tf.distribute.MirroredStrategy(list(devices))
-    return _mirrored[devices]
+    """The process's MirroredStrategy over `devices` (made once: see `process`)."""
+    return process.strategy_for(devices, lambda: tf.distribute.MirroredStrategy(list(devices)))
 
 
 def measure_matmul(tf: Any, device: str, dtype: str, n: int, min_seconds: float = 0.3) -> float:
@@ -90,7 +82,6 @@ class TensorFlowBackend(Named):
     """The `Backend` for Keras on TensorFlow."""
 
     name = "tf"
-    keras_name = "tensorflow"
     label = "TensorFlow"
     static_batch_is_global = False  # Keras gives each replica the Input's fixed batch
 
@@ -100,13 +91,13 @@ class TensorFlowBackend(Named):
                 compile_cache: str | None, env: Mapping[str, str],
                 probe_node: Callable[[Target], Any] = lambda chosen: None
                 ) -> tuple[Connection, Target]:
-        if chosen.kind == "tpu" and _initialized_tpu not in (None, chosen.address):
+        if chosen.kind == "tpu" and process.tpu_system() not in (None, chosen.address):
             raise ConnectError(
-                f"this process is already connected to TPU {_initialized_tpu}; TensorFlow cannot "
+                f"this process is already connected to TPU {process.tpu_system()}; TensorFlow cannot "
                 f"switch to {chosen.address} in the same process. Restart the runtime "
                 f"(Runtime > Restart session), then `%tpu_connect {chosen.address}`."
             )
-        if chosen.is_tpu_node and _initialized_tpu is None:
+        if chosen.is_tpu_node and process.tpu_system() is None:
             probe_node(chosen)
         tf = require_tensorflow()
         if simulate is not None:
@@ -129,7 +120,6 @@ class TensorFlowBackend(Named):
                                 devices=devices)
 
     def _tpu(self, tf: Any, chosen: Target) -> Connection:
-        global _initialized_tpu
         address = chosen.address
         try:
             resolver = tpu_runtime.initialize(address)
@@ -140,7 +130,7 @@ class TensorFlowBackend(Named):
             raise ConnectError(f"TPU {address} could not be initialised: {exc}") from None
         except ValueError as exc:
             raise ConnectError(f"TPU {address} could not be resolved: {exc}") from None
-        _initialized_tpu = address
+        process.set_tpu_system(address)
         strategy = tpu_runtime.strategy(resolver)
         devices = tuple(d.name for d in tf.config.list_logical_devices("TPU"))
         return self._connection(target=address, kind="tpu",

@@ -14,9 +14,9 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from tpu_magic.arrays import Pipeline, new_seed, num_samples
-from tpu_magic.batching import steps_for
-from tpu_magic.exactness import MASK, REAL, WEIGHT
+from tpu_magic.core.arrays import Pipeline, new_seed, num_samples
+from tpu_magic.core.batching import steps_for
+from tpu_magic.core.packed import MASK, REAL, WEIGHT
 
 _PARALLEL_LOADS = max(2, min(8, os.cpu_count() or 2))
 _PER_REPLICA = tf.distribute.InputOptions(

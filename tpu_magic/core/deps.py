@@ -7,7 +7,7 @@ import importlib.metadata
 from types import ModuleType
 from typing import Mapping
 
-from tpu_magic.errors import MissingDependencyError
+from tpu_magic.core.errors import MissingDependencyError
 
 TENSORFLOW_FIX = (
     "TensorFlow is not installed. Install one flavour: "
@@ -28,25 +28,6 @@ def require_tensorflow() -> ModuleType:
         return importlib.import_module("tensorflow")
     except ImportError:
         raise MissingDependencyError(TENSORFLOW_FIX) from None
-
-
-def require_keras() -> ModuleType:
-    """Imports Keras 3 (after TensorFlow, so `tf.keras` and `keras` agree).
-
-    Raises:
-        MissingDependencyError: Keras is missing or older than 3.
-    """
-    require_tensorflow()
-    try:
-        keras = importlib.import_module("keras")
-    except ImportError:
-        raise MissingDependencyError("Keras is not installed: `pip install \"keras>=3\"`.") from None
-    if int(keras.__version__.split(".")[0]) < 3:
-        raise MissingDependencyError(
-            f"Keras {keras.__version__} is installed; tpu_magic needs Keras 3: "
-            "`pip install -U \"keras>=3\"`, then restart the runtime."
-        )
-    return keras
 
 
 PACKAGES = ("tensorflow", "tensorflow-cpu", "tensorflow-tpu", "keras", "jax", "jaxlib", "libtpu")

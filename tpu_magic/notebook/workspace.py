@@ -12,7 +12,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from tpu_magic.errors import BusyError
+from tpu_magic.core.errors import BusyError
 
 
 @dataclass

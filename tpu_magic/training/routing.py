@@ -1,15 +1,20 @@
-"""Which Keras `fit`/`evaluate`/`predict` calls tpu_magic handles: decided per model.
+"""Which Keras `fit`/`evaluate`/`predict`/`predict_on_batch` calls tpu_magic handles:
+decided per model.
 
-- While a `%%tpu_train` cell runs, `keras.Model`'s three methods dispatch by thread: on the
-  thread running the cell they go to the cell's router (a `train.TrainingCell`); on any
-  other thread (a panel job, a user's thread) to Keras's own. The class is restored when the
-  cell ends, also on error.
-- A model a cell ran, built or rewrapped is *adopted*: its instance gets its own three
-  methods, so in later plain cells it keeps exact any-size `predict`/`evaluate` and a checked
-  `fit` (the seeds' workflow: train, then `model.predict(x[:7])` in the next cell). Models
+- While a `%%tpu_train` cell runs, `keras.Model`'s methods dispatch by thread: on the
+  thread running the cell they go to the cell's router (a `training.cell.TrainingCell`);
+  on any other thread (a panel job, a user's thread) to what `keras.Model` had before.
+  Entries are counted process-wide under a lock: the first saves exactly what
+  `keras.Model` held (Keras's own methods, or a tracking library's wrapper), the last exit
+  puts exactly that back, so overlapping cells on two threads and a patch someone made
+  between cells both survive.
+- A model a cell ran, built or rewrapped is *adopted*: its instance gets its own methods,
+  so in later plain cells it keeps exact any-size `predict`/`evaluate` and a checked `fit`
+  (the seeds' workflow: train, then `model.predict(x[:7])` in the next cell). Models
   tpu_magic never touched keep plain Keras everywhere.
 - Calls Keras makes from inside a routed call (e.g. `fit`'s validation `evaluate`) pass
-  straight through to Keras.
+  straight through, to what `keras.Model` had before (`keras_method`).
+- A call is bound against Keras's own signature, whatever wrapper sits on the class.
 """
 
 from __future__ import annotations
@@ -26,10 +31,26 @@ import keras
 # concatenates their outputs (12 rows in, 96 out on 8 replicas). train_on_batch and
 # test_on_batch give one device's numbers there (each replica's share is the whole batch).
 METHODS = ("fit", "evaluate", "predict", "predict_on_batch")
-ORIGINAL = {name: getattr(keras.Model, name) for name in METHODS}
-_SIGNATURE = {name: inspect.signature(method) for name, method in ORIGINAL.items()}
 _ADOPTED = "_tpu_magic_router"
+_MISSING = object()
 _local = threading.local()
+# Process-wide, under the lock: how many cells are inside `cell`, and what keras.Model's own
+# __dict__ held for each method before the first of them (_MISSING: it inherited it).
+_lock = threading.Lock()
+_entries = 0
+_saved: dict[str, Any] = {}
+
+
+def _keras_own(name: str) -> Any:
+    """Keras's own function for a method (its trainer's), skipping any wrapper on the class."""
+    for cls in keras.Model.__mro__:
+        found = cls.__dict__.get(name)
+        if found is not None and getattr(found, "__module__", "").startswith("keras."):
+            return found
+    return getattr(keras.Model, name)
+
+
+_SIGNATURE = {name: inspect.signature(_keras_own(name)) for name in METHODS}
 
 
 class Router(Protocol):
@@ -38,15 +59,29 @@ class Router(Protocol):
         holds the arguments the user gave."""
 
 
-def _dispatching(name: str):
-    original = ORIGINAL[name]
+def keras_method(name: str) -> Any:
+    """What runs `keras.Model.<name>` for tpu_magic and for the calls it does not route:
+    what the class held before the cells patched it (a tracking library's wrapper stays in
+    the chain), or, with no cell running, what it holds now."""
+    saved = _saved.get(name, _MISSING)
+    if saved is _MISSING:
+        return getattr(keras.Model, name)
+    return saved if saved is not None else _keras_inherited(name)
 
+
+def _keras_inherited(name: str) -> Any:
+    for cls in keras.Model.__mro__[1:]:
+        if name in cls.__dict__:
+            return cls.__dict__[name]
+    return _keras_own(name)
+
+
+def _dispatching(name: str):
     def method(model, *args, **kwargs):
-        if getattr(_local, "inside", 0):
-            return original(model, *args, **kwargs)
-        router = getattr(_local, "cell", None) or model.__dict__.get(_ADOPTED)
+        router = None if getattr(_local, "inside", 0) else (
+            getattr(_local, "cell", None) or model.__dict__.get(_ADOPTED))
         if router is None:
-            return original(model, *args, **kwargs)
+            return keras_method(name)(model, *args, **kwargs)
         bound = _SIGNATURE[name].bind(model, *args, **kwargs)
         named = set(bound.arguments)
         bound.apply_defaults()
@@ -55,7 +90,8 @@ def _dispatching(name: str):
         call.update(call.pop("kwargs", {}))
         return router.route(name, model, call, named)
 
-    method.__name__, method.__doc__, method.__wrapped__ = name, original.__doc__, original
+    own = _keras_own(name)
+    method.__name__, method.__doc__, method.__wrapped__ = name, own.__doc__, own
     return method
 
 
@@ -65,17 +101,29 @@ _DISPATCH = {name: _dispatching(name) for name in METHODS}
 @contextlib.contextmanager
 def cell(router: Router) -> Iterator[None]:
     """`router` takes every call on this thread while the cell runs."""
+    global _entries
     previous = getattr(_local, "cell", None)
     _local.cell = router
-    for name in METHODS:
-        setattr(keras.Model, name, _DISPATCH[name])
+    with _lock:
+        if _entries == 0:
+            for name in METHODS:
+                held = keras.Model.__dict__.get(name, _MISSING)
+                _saved[name] = None if held is _MISSING else held
+                setattr(keras.Model, name, _DISPATCH[name])
+        _entries += 1
     try:
         yield
     finally:
         _local.cell = previous
-        if previous is None:
-            for name, original in ORIGINAL.items():
-                setattr(keras.Model, name, original)
+        with _lock:
+            _entries -= 1
+            if _entries == 0:
+                for name in METHODS:
+                    held = _saved.pop(name)
+                    if held is None:
+                        delattr(keras.Model, name)
+                    else:
+                        setattr(keras.Model, name, held)
 
 
 @contextlib.contextmanager

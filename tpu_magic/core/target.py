@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from tpu_magic.errors import AddressError
+from tpu_magic.core.errors import AddressError
 
 ACCEPTED_FORMS = (
     "auto, local (TPU VM), grpc://HOST:PORT (TPU node), a TPU name such as my-tpu, gpu, cpu"

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from typing import Iterator
+
+from tpu_magic.core import process
 
 
 def quiet_native_logs() -> None:
@@ -13,7 +14,8 @@ def quiet_native_logs() -> None:
 
     Must run before TensorFlow is imported to take effect.
     """
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    process.set_environment("TF_CPP_MIN_LOG_LEVEL", "2", "TensorFlow's C++ logging reads it "
+                            "once, when TensorFlow is imported", keep_users=True)
 
 
 @contextlib.contextmanager

@@ -1,13 +1,7 @@
 """How close a run came to the device's limit: FLOPs, achieved TFLOP/s, and input-bound.
 
 The FLOPs of one training sample come from the backend: on JAX, XLA's own cost analysis
-of the compiled gradient step; on TensorFlow, a count from the layers (`layer_flops`):
-the multiply-adds of Dense, convolution and recurrent layers (2 FLOPs each). Training is
-the forward pass, the weights' gradients (as much again) and the inputs' gradients (as
-much again, except for the layers that read the model's inputs with nothing trainable
-before them: no gradient flows back there), as XLA computes it. Elementwise layers
-(activations, normalization, pooling) are left out: a few percent of a model that has
-matmuls.
+of the compiled gradient step; on TensorFlow, a count from the layers (`core.flops`).
 
 Achieved TFLOP/s = FLOPs per sample × samples per second; its share of the peak is
 against every replica's nominal peak (`chips`) and, where `--check` ran, its measured one.
@@ -15,7 +9,6 @@ against every replica's nominal peak (`chips`) and, where `--check` ran, its mea
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -126,80 +119,28 @@ def achieved(flops_per_sample: float | None, samples_per_second: float | None) -
 
 # -- counting from the layers ------------------------------------------------------------------
 
-def _shape(tensor: Any) -> tuple | None:
-    try:
-        return tuple(tensor.shape)
-    except (AttributeError, ValueError, TypeError):
+
+def of_fit(connection: Any, counted: tuple[float, str] | None, samples_per_second: float | None,
+           step_seconds: float | None, dataset: Any,
+           measured_tflops: float | None) -> Utilization | None:
+    """A `fit`'s achieved TFLOP/s against the peaks, and the input's share of a step.
+
+    Args:
+        counted: the backend's training FLOPs of a sample and their source (None: unknown).
+        measured_tflops: one device's matmul TFLOP/s from `--check`, if it ran.
+    """
+    if not samples_per_second:
         return None
-
-
-def _size(dims: tuple) -> int | None:
-    if any(d is None for d in dims):
-        return None
-    return math.prod(dims)
-
-
-def layer_flops(layer: Any) -> float | None:
-    """Forward FLOPs of one sample through a built layer (0 for the elementwise ones),
-    None where its shapes are unknown."""
-    name = type(layer).__name__
-    if hasattr(layer, "layers") and name not in ("Bidirectional",):  # a nested model
-        return forward_flops(layer)
-    if name == "Bidirectional":
-        return sum(layer_flops(part) or 0.0 for part in (layer.forward_layer, layer.backward_layer))
-    inputs, outputs = _shape(getattr(layer, "input", None)), _shape(getattr(layer, "output", None))
-    if name in ("Dense", "EinsumDense"):
-        kernel = getattr(layer, "kernel", None)
-        if kernel is None or outputs is None:
-            return None
-        rows = _size(outputs[1:-1]) if name == "Dense" else 1
-        return None if rows is None else 2.0 * _size(tuple(kernel.shape)) * rows
-    if name.startswith("Conv") and "Transpose" not in name or name.startswith("DepthwiseConv") \
-            or name.startswith("SeparableConv"):
-        kernel = getattr(layer, "kernel", None)
-        if kernel is None:
-            kernel = getattr(layer, "depthwise_kernel", None)
-        if kernel is None or outputs is None:
-            return None
-        positions = _size(outputs[1:-1])
-        if positions is None:
-            return None
-        flops = 2.0 * _size(tuple(kernel.shape)) * positions
-        pointwise = getattr(layer, "pointwise_kernel", None)
-        if pointwise is not None:
-            flops += 2.0 * _size(tuple(pointwise.shape)) * positions
-        return flops
-    if name in ("LSTM", "GRU", "SimpleRNN"):
-        cell = layer.cell
-        if inputs is None or inputs[1] is None:
-            return None
-        weights = _size(tuple(cell.kernel.shape)) + _size(tuple(cell.recurrent_kernel.shape))
-        return 2.0 * weights * inputs[1]
-    return 0.0
-
-
-def forward_flops(model: Any) -> float | None:
-    """Forward FLOPs of one sample through a model's layers (None: a layer's shapes unknown)."""
-    total = 0.0
-    for layer in getattr(model, "layers", []):
-        flops = layer_flops(layer)
-        if flops is None:
-            return None
-        total += flops
-    return total
-
-
-def counted_training_flops(model: Any) -> float | None:
-    """Training FLOPs of one sample counted from the layers: forward, the weights'
-    gradients, and the inputs' gradients below the first trainable layer."""
-    forward = input_gradients = 0.0
-    trainable_before = False
-    for layer in getattr(model, "layers", []):
-        flops = layer_flops(layer)
-        if flops is None:
-            return None
-        forward += flops
-        if trainable_before:
-            input_gradients += flops
-        trainable_before = trainable_before or bool(layer.trainable_weights)
-    return 2.0 * forward + input_gradients if forward else None
+    replicas = connection.replicas
+    chip = connection.backend.device_view(connection, {}).chip
+    wait = input_need(dataset, step_seconds)
+    return Utilization(
+        flops_per_sample=counted[0] if counted else None,
+        source=counted[1] if counted else "",
+        achieved_tflops=achieved(counted[0] if counted else None, samples_per_second),
+        nominal_tflops=chip.device_peak_tflops * replicas if chip else None,
+        # simulated replicas share one CPU: its measured peak is all they have together
+        measured_tflops=(measured_tflops * (1 if connection.simulated else replicas)
+                         if measured_tflops else None),
+        input_share=wait[0] if wait else None, input_how=wait[1] if wait else "",
+        input_bound=bool(wait and wait[2]))

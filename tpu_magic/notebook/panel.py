@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from tpu_magic.batching import plan_batches
-from tpu_magic.errors import TpuMagicError
-from tpu_magic.lossplot import loss_svg
+from tpu_magic.core.batching import plan_batches
+from tpu_magic.core.errors import TpuMagicError
+from tpu_magic.notebook.lossplot import loss_svg
 
 LIGHTS = {"idle": "#9e9e9e", "busy": "#f5a623", "ok": "#2e7d32", "error": "#c62828"}
 
@@ -104,7 +104,6 @@ class Panel:
         self.replicas, self.tpu_rules = replicas, tpu_rules
         self.job: Any = None
         self.state = "idle"
-        self.last_error: BaseException | None = None
         self.history: dict[str, list[float]] = {}
         self.model_name: str | None = None
         self.trained = False  # a %%tpu_train cell has trained a model
@@ -181,10 +180,8 @@ class Panel:
         try:
             text = action()
         except Exception as exc:  # noqa: BLE001 - a button has nowhere else to show it
-            self.last_error = exc
             self.set_status("error", _error_text(exc))
         else:
-            self.last_error = None
             head, _, rest = text.partition("\n")
             self.set_status("ok", head, rest)
 
@@ -263,7 +260,6 @@ class Panel:
         try:
             self.job = self._train(batch, epochs, self.scale_lr.value, self._job_ended)
         except TpuMagicError as exc:
-            self.last_error = exc
             self.set_status("error", str(exc))
         self._validate()
 
@@ -277,7 +273,6 @@ class Panel:
         """Runs in the job's thread when training ends."""
         error = job.exception()
         if error is not None:
-            self.last_error = error
             self.set_status("error", _error_text(error))
         else:
             report = job.result()

@@ -46,7 +46,7 @@ def common_length(method: str, **parts: Any) -> int:
         InputError: two arrays have different lengths (plain Keras: "Data cardinality is
             ambiguous"), each array named with its length.
     """
-    from tpu_magic.errors import InputError
+    from tpu_magic.core.errors import InputError
 
     lengths: dict[str, int] = {}
     for part, value in parts.items():

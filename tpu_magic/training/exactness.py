@@ -23,7 +23,7 @@ threads):
 
 This holds only where Keras's own `train_step`, `test_step`, `compute_loss` and
 `compute_metrics` run and the loss comes from `compile` (see `masks_reach_loss`); other
-models are fed whole batches of real samples only (see `train`).
+models are fed whole batches of real samples only (see `training.inputs`).
 """
 
 from __future__ import annotations
@@ -33,15 +33,11 @@ from typing import Any
 import keras
 from keras import ops
 
-MASK, WEIGHT, REAL = "tpu_magic_mask", "tpu_magic_weight", "tpu_magic_real"
+from tpu_magic.core.packed import MASK, REAL, WEIGHT, is_packed
+
 _KERAS_STEPS = ("train_step", "test_step", "compute_loss", "compute_metrics")
 _ENABLED = "_tpu_magic_exact"  # on the model: the loss tracker the overrides were put on
 _REAL_NOW = "_tpu_magic_real_rows"  # on the model: the real samples' worth of the traced step
-
-
-def is_packed(sample_weight: Any) -> bool:
-    """Whether a step's sample weight is tpu_magic's packed one."""
-    return isinstance(sample_weight, dict) and MASK in sample_weight
 
 
 def keras_steps(model: Any) -> bool:

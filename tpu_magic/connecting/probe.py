@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 
-from tpu_magic.errors import ConnectError
+from tpu_magic.core.errors import ConnectError
 
 # TensorFlow's import alone takes seconds; it is not counted against --timeout.
 IMPORT_DEADLINE_S = 120.0

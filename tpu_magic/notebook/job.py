@@ -12,12 +12,12 @@ import contextlib
 import threading
 from typing import Any, Callable, MutableMapping
 
-from tpu_magic.batching import plan_batches
-from tpu_magic.errors import TrainJobError
-from tpu_magic.report import TrainReport
-from tpu_magic.session import Connection
-from tpu_magic import routing
-from tpu_magic.workspace import Workspace, busy_error
+from tpu_magic.core.batching import plan_batches
+from tpu_magic.core.errors import TrainJobError
+from tpu_magic.training.report import TrainReport
+from tpu_magic.core.session import Connection
+from tpu_magic.training import routing
+from tpu_magic.notebook.workspace import Workspace, busy_error
 
 
 class TrainJob:
@@ -88,7 +88,7 @@ def start_training(connection: Connection, workspace: Workspace,
         BusyError: a job is running already.
         BatchSizeError: the batch does not divide over the replicas.
     """
-    from tpu_magic.train import TrainingCell, TrainOptions
+    from tpu_magic.training.cell import TrainingCell, TrainOptions
 
     workspace.require_idle("Train")
     if workspace.last_fit is None:

@@ -20,12 +20,12 @@ from typing import Any, Mapping, MutableMapping
 import keras
 import numpy as np
 
-from tpu_magic.atomic import atomic_path
+from tpu_magic.core.atomic import atomic_path
 from tpu_magic import backends
-from tpu_magic.errors import SyncError
-from tpu_magic.precision import float32_config
-from tpu_magic.rewrap import custom_objects_from, unbuildable
-from tpu_magic.variables import name_of, replica_weights
+from tpu_magic.core.errors import SyncError
+from tpu_magic.training.precision import float32_config
+from tpu_magic.training.rewrap import custom_objects_from, unbuildable
+from tpu_magic.core.variables import name_of, replica_weights
 
 WEIGHTS_SUFFIX = ".weights.h5"  # Keras 3 refuses any other ending for weights files
 PROBE_ROWS = 8

@@ -63,6 +63,18 @@ class TrainReport:
     utilization: Any = None  # a `utilization.Utilization` of the last fit
     seconds: float = 0.0
 
+    def add_fit(self, plan: Any, timing: Any, history: Any, interrupted: bool) -> None:
+        """A `fit` ended: its batch (`BatchPlan`), timing (`progress.FitTiming`) and logs."""
+        self.fits += 1
+        self.global_batch, self.per_replica = plan.global_batch, plan.per_replica
+        self.epochs, self.steps = len(timing.epoch_seconds), timing.steps_done
+        self.compile_seconds = timing.compile_seconds
+        self.samples_per_second = timing.samples_per_second
+        self.epoch_seconds = list(timing.epoch_seconds)
+        self.metrics = dict(timing.last_logs)
+        self.history, self.interrupted = history, interrupted
+        self.diverged = timing.diverged_text()
+
     def summary(self) -> str:
         lines = [f"tpu_train: {self.strategy}, {self.replicas} replica{'s' * (self.replicas != 1)}"
                  + (f", model `{self.model_name}`" if self.model_name else "")

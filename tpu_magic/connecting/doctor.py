@@ -127,7 +127,7 @@ def read_runtime(tpu_vm: bool, gpu: bool, env: Mapping[str, str] | None = None,
                  installed: Mapping[str, str] | None = None) -> Runtime:
     """This process's `Runtime` (imports nothing heavy); `installed` where already read."""
     from tpu_magic.backends import imported_keras_backend
-    from tpu_magic.deps import installed_versions
+    from tpu_magic.core.deps import installed_versions
 
     return Runtime(env=dict(os.environ if env is None else env),
                    installed=installed_versions() if installed is None else installed,

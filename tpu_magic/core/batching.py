@@ -66,7 +66,7 @@ def plan_batches(
         BatchSizeError: the batch is not positive, not divisible by the replicas,
             or does not fit the model's static batch size.
     """
-    from tpu_magic.errors import BatchSizeError
+    from tpu_magic.core.errors import BatchSizeError
 
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise BatchSizeError(f"{what} {batch!r} must be a positive whole number, e.g. {128 * replicas}")

@@ -21,15 +21,15 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import h5py
 import keras
 import numpy as np
 
-from tpu_magic.atomic import atomic_path
-from tpu_magic.errors import CheckpointError
-from tpu_magic import variables
+from tpu_magic.core.atomic import atomic_path
+from tpu_magic.core.errors import CheckpointError
+from tpu_magic.core import variables
 
 FORMAT = "tpu_magic checkpoint 1"
 _NAME = re.compile(r"^ckpt-(\d{6,})-epoch-(\d{4,})\.h5$")
@@ -326,43 +326,3 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-# -- during fit ------------------------------------------------------------------------------
-
-class Checkpointing(keras.callbacks.Callback):
-    """Restores a checkpoint when training begins and writes one after every epoch.
-
-    Args:
-        store: where to write.
-        seed: the data order's seed (saved, so a resumed run sees the same order).
-        connection: the connection the model trains on (its strategy and backend).
-        resume_from: the checkpoint to restore before the first step, if resuming.
-        say: prints one line to the user.
-    """
-
-    def __init__(self, store: CheckpointStore, seed: int, connection: Any,
-                 resume_from: Checkpoint | None = None, say: Callable[[str], None] = print):
-        super().__init__()
-        self.store, self.seed, self.connection = store, seed, connection
-        self.resume_from, self.say = resume_from, say
-        self.written: list[Path] = []
-        self.cut_short: int | None = None  # an epoch stopped early (not checkpointed)
-        self.not_finite: list[int] = []  # epochs whose weights were NaN/Inf (not written)
-
-    def on_train_begin(self, logs=None):
-        if self.resume_from is not None:
-            restore(self.model, self.resume_from, self.connection.strategy)
-
-    def on_epoch_end(self, epoch, logs=None):
-        # Called first among the callbacks: a stop requested already came from a batch
-        # hook or Ctrl-C, so this epoch ended early and is not a complete one.
-        if self.model.stop_training:
-            self.cut_short = epoch + 1
-            return
-        written = self.store.save(self.model, epoch + 1, self.seed, self.connection.backend)
-        if written is None:
-            self.not_finite.append(epoch + 1)
-        else:
-            self.written.append(written)
-

@@ -18,7 +18,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from tpu_magic import variables
+from tpu_magic.core import variables
 
 
 def agree(model: Any, backend: Any) -> list[str]:

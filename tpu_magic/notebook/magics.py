@@ -14,7 +14,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from traitlets import Float, Unicode
 from traitlets.config import Configurable
 
-from tpu_magic.errors import TpuMagicError
+from tpu_magic.core.errors import TpuMagicError
 
 
 def usage_errors(method):
@@ -47,7 +47,7 @@ class TpuMagics(Magics, Configurable):
     @property
     def workspace(self):
         """This notebook's `Workspace`: the panel, the model trained last, the running job."""
-        from tpu_magic.workspace import workspace_of
+        from tpu_magic.notebook.workspace import workspace_of
 
         return workspace_of(self.shell)
 
@@ -73,12 +73,12 @@ class TpuMagics(Magics, Configurable):
         """Connect to the accelerator: TPU, GPU, CPU, or a simulated N-core TPU."""
         from dataclasses import replace
 
-        from tpu_magic.check import run_check
-        from tpu_magic.connect import connect
-        from tpu_magic.quiet import quiet_native_logs, tensorflow_info_silenced
-        from tpu_magic.session import session
+        from tpu_magic.connecting.check import run_check
+        from tpu_magic.connecting.connect import connect
+        from tpu_magic.notebook.quiet import quiet_native_logs, tensorflow_info_silenced
+        from tpu_magic.core.session import session
 
-        from tpu_magic.workspace import require_process_idle
+        from tpu_magic.notebook.workspace import require_process_idle
 
         args = _parse(self.tpu_connect, line)
         require_process_idle("%tpu_connect")  # one connection per process: every shell's jobs
@@ -98,8 +98,8 @@ class TpuMagics(Magics, Configurable):
 
     def _show_panel(self, result) -> None:
         """The panel under the cell, or a one-line warning where widgets cannot show."""
-        from tpu_magic.panel import Panel, widgets_unavailable
-        from tpu_magic.session import session
+        from tpu_magic.notebook.panel import Panel, widgets_unavailable
+        from tpu_magic.core.session import session
 
         why = widgets_unavailable()
         if why:
@@ -123,14 +123,14 @@ class TpuMagics(Magics, Configurable):
             display(workspace.panel)
 
     def _check_address(self, address: str) -> str:
-        from tpu_magic.connect import check_target
+        from tpu_magic.connecting.connect import check_target
 
         return check_target(address, timeout=self.timeout)
 
     def _train_from_panel(self, batch: int, epochs: int, scale_lr: bool, on_done):
         """The panel's Train: the last %%tpu_train fit again, in a background thread."""
-        from tpu_magic.job import start_training
-        from tpu_magic.session import session
+        from tpu_magic.notebook.job import start_training
+        from tpu_magic.core.session import session
 
         workspace = self.workspace
         return start_training(session(), workspace, self.shell.user_ns, batch_size=batch,
@@ -144,15 +144,15 @@ class TpuMagics(Magics, Configurable):
     def _sync(self, model: str | None, as_name: str | None, save: str | None,
               action: str = "%tpu_sync"):
         """`%tpu_sync` and the panel's buttons: a CPU copy bound in the user's namespace."""
-        from tpu_magic.quiet import quiet_native_logs, tensorflow_info_silenced
-        from tpu_magic.session import session
+        from tpu_magic.notebook.quiet import quiet_native_logs, tensorflow_info_silenced
+        from tpu_magic.core.session import session
 
         workspace = self.workspace
         workspace.require_idle(action)  # a job would change the weights mid-copy
         quiet_native_logs()
         current = session()
         with tensorflow_info_silenced():
-            from tpu_magic.sync import sync_into
+            from tpu_magic.training.sync import sync_into
 
             return sync_into(self.shell.user_ns, model, as_name, save,
                              last_model=workspace.last_model,
@@ -182,9 +182,9 @@ class TpuMagics(Magics, Configurable):
     @usage_errors
     def tpu_train(self, line, cell):
         """Run the cell's Keras training on the connected accelerator."""
-        from tpu_magic.connect import connect
-        from tpu_magic.quiet import quiet_native_logs, tensorflow_info_silenced
-        from tpu_magic.session import session
+        from tpu_magic.connecting.connect import connect
+        from tpu_magic.notebook.quiet import quiet_native_logs, tensorflow_info_silenced
+        from tpu_magic.core.session import session
 
         __tracebackhide__ = True  # noqa: F841
         args = _parse(self.tpu_train, line)
@@ -203,7 +203,7 @@ class TpuMagics(Magics, Configurable):
             if session() is None:
                 print(connect("auto", timeout=self.timeout).summary())
                 workspace.connected(session())
-            from tpu_magic.train import TrainingCell, TrainOptions
+            from tpu_magic.training.cell import TrainingCell, TrainOptions
 
             options = TrainOptions(batch_size=args.batch_size, epochs=args.epochs,
                                    scale_lr=args.scale_lr,
@@ -296,7 +296,7 @@ def _device_line(current) -> str:
     """kind · replicas · memory, for the panel."""
     kind = (f"simulated {current.replicas}-core TPU on the CPU" if current.simulated
             else current.kind.upper())
-    from tpu_magic.check import device_view
+    from tpu_magic.connecting.check import device_view
 
     memory = device_view(current).memory
     parts = [kind, f"{type(current.strategy).__name__}, {current.replicas} "

@@ -13,12 +13,14 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from tpu_magic import backends, probe
+from tpu_magic import backends
+from tpu_magic.connecting import probe
 from tpu_magic.backends import choose_backend, imported_keras_backend, importable_modules, select
-from tpu_magic.deps import installed_versions
-from tpu_magic.errors import AddressError, ConnectError, MissingDependencyError
-from tpu_magic.session import Connection, session, set_session
-from tpu_magic.target import NO_TPU_FIX, MachineSigns, Target, parse_grpc_address, \
+from tpu_magic.core.deps import installed_versions
+from tpu_magic.core.errors import AddressError, ConnectError, MissingDependencyError
+from tpu_magic.core import process
+from tpu_magic.core.session import Connection, session
+from tpu_magic.core.target import NO_TPU_FIX, MachineSigns, Target, parse_grpc_address, \
     read_machine_signs, resolve_target
 
 MAX_SIMULATED = 256
@@ -83,7 +85,7 @@ def connect(
         timeout: seconds a TPU node may take to answer.
         backend: the Keras backend, "tf", "jax" or "auto" (see `backends.choose_backend`).
         compile_cache: JAX's persistent compilation cache: a directory, "off", or None to
-            choose one that outlives the process (see `compile_cache`); JAX only.
+            choose one that outlives the process (see `backends.compile_cache`); JAX only.
         env: environment to decide `auto` from (default `os.environ`).
         signs: machine signs for `auto` (default: read from this machine).
         probe_tf: the bounded TensorFlow connect check for TPU nodes.
@@ -99,7 +101,7 @@ def connect(
     A connect that fails says, after its own reason, what the runtime doctor finds (see
     `doctor`): the known traps of this runtime, each with its fix.
     """
-    from tpu_magic import doctor
+    from tpu_magic.connecting import doctor
 
     env = os.environ if env is None else env
     signs = read_machine_signs() if signs is None else signs
@@ -151,7 +153,7 @@ def _connect(target: str, simulate: int | None, timeout: float, backend: str,
         chosen, simulate, explicit_gpu=target.strip().lower() == "gpu",
         compile_cache=compile_cache, env=env,
         probe_node=lambda node: _probe_node(node, timeout, probe_tf))
-    set_session(new)
+    process.set_connection(new)
     return _result(new, chosen, start)
 
 

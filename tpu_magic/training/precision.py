@@ -15,7 +15,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from tpu_magic.errors import PrecisionError
+from tpu_magic.core.errors import PrecisionError
 
 # --precision → Keras dtype policy ("auto" is decided by `choose`).
 POLICIES = {"bf16": "bfloat16", "mixed_bf16": "mixed_bfloat16", "fp16": "mixed_float16",
@@ -69,6 +69,15 @@ def choose(requested: str, kind: str, bf16_chip: bool | None) -> Precision:
     return Precision("float32", "auto: the CPU gains nothing from 16-bit compute")
 
 
+def for_connection(requested: str, connection: Any) -> Precision:
+    """`choose` for a connection: on a GPU, whether its chip computes bfloat16."""
+    bf16 = None
+    if connection.kind == "gpu":
+        chip = connection.backend.device_view(connection, {}).chip
+        bf16 = None if chip is None else chip.bf16
+    return choose(requested, connection.kind, bf16)
+
+
 @contextlib.contextmanager
 def in_force(precision: Precision | None) -> Iterator[None]:
     """Models built inside get the policy; the previous global policy comes back after."""
@@ -111,6 +120,32 @@ def float32_outputs(model: Any) -> list[str]:
             layer.dtype_policy = keras.DTypePolicy("float32")
             changed.append(layer.name)
     return changed
+
+
+def keep_outputs_float32(chosen: Precision | None, model: Any, label: str) -> tuple[bool, list[str]]:
+    """Under a 16-bit policy: the model's output activations in float32 (Keras's advice); a
+    model built before the cell keeps its float32 and is named.
+
+    Returns:
+        (whether a layer changed, the notes to say).
+    """
+    if chosen is None or not low_precision(chosen.policy):
+        return False, []
+    if not low_precision(model.dtype_policy):
+        return False, [f"model {label!r} was built before this cell with "
+                       f"{model.dtype_policy.name}: it keeps float32 variables and compute. "
+                       f"Build it inside the %%tpu_train cell to train in {chosen.policy}."]
+    if not chosen.mixed:
+        return False, [f"{chosen.policy}: variables and outputs are bfloat16 too; "
+                       "--precision mixed_bf16 keeps variables and output activations in "
+                       "float32 (Keras's advice)"]
+    changed = float32_outputs(model)
+    if not changed:
+        return False, []
+    return True, [f"{chosen.policy}: the output layer{'s' * (len(changed) > 1)} "
+                  f"{', '.join(changed)} compute{'s' * (len(changed) == 1)} in float32, "
+                  "as Keras's mixed precision guide advises (a softmax or sigmoid in 16 "
+                  "bits loses precision); the rest computes in 16 bits, variables float32"]
 
 
 def _output_layers(model: Any) -> list[Any]:

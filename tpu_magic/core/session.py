@@ -2,13 +2,15 @@
 
 What `%tpu_connect` made does not change until the next connect replaces it. What a
 notebook did since (its panel, the model trained last, a running job) is per shell,
-in `workspace.Workspace`.
+in `notebook.workspace.Workspace`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from tpu_magic.core import process
 
 
 @dataclass(frozen=True)
@@ -40,16 +42,7 @@ class Connection:
         return self.kind == "tpu" or self.simulated
 
 
-Session = Connection  # the name before the connection was split from the workspace
-
-_current: Connection | None = None
-
-
 def session() -> Connection | None:
-    """The current connection, or None before `%tpu_connect`."""
-    return _current
-
-
-def set_session(new: Connection | None) -> None:
-    global _current
-    _current = new
+    """The current connection, or None before `%tpu_connect` (one per process: see
+    `process`)."""
+    return process.connection()

@@ -18,9 +18,9 @@ from typing import Any, Iterable, Mapping, MutableMapping
 
 import keras
 
-from tpu_magic import variables
-from tpu_magic.errors import RewrapError
-from tpu_magic.variables import names_of
+from tpu_magic.core import variables
+from tpu_magic.core.errors import RewrapError
+from tpu_magic.core.variables import names_of
 
 
 @dataclass(frozen=True)

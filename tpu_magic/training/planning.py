@@ -15,9 +15,9 @@ from typing import Any
 import keras
 import numpy as np
 
-from tpu_magic import arrays
-from tpu_magic.batching import TPU_TILE, BatchPlan, plan_batches
-from tpu_magic.errors import BatchSizeError, InputError
+from tpu_magic.core import arrays
+from tpu_magic.core.batching import TPU_TILE, BatchPlan, plan_batches, scaled_learning_rate
+from tpu_magic.core.errors import BatchSizeError, InputError
 
 KERAS_DEFAULT_BATCH = 32
 
@@ -222,3 +222,26 @@ def split_validation(x: Any, y: Any, weights: Any, fraction: float) -> tuple[tup
 def _unit(connection: Any) -> int:
     """The smallest batch step: whole replicas, and on a TPU whole 8-row tiles per replica."""
     return connection.replicas * (TPU_TILE if connection.tpu_rules else 1)
+
+
+_BASE_RATE = "_tpu_magic_base_learning_rate"  # on the model: its rate before --scale-lr
+
+
+def scale_learning_rate(model: Any, plan: BatchPlan) -> str | None:
+    """`--scale-lr`: the rate tuned for one replica's batch times the replicas, once per model
+    (the first rate is kept on the model). Returns what to say (None: no optimizer)."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:
+        return None
+    schedule = keras.optimizers.schedules.LearningRateSchedule
+    if isinstance(optimizer.learning_rate, schedule) or \
+            isinstance(getattr(optimizer, "_learning_rate", None), schedule):
+        return "--scale-lr: the learning rate is a schedule, left as it is"
+    base = model.__dict__.get(_BASE_RATE)
+    if base is None:
+        base = float(optimizer.learning_rate.numpy())
+        object.__setattr__(model, _BASE_RATE, base)
+    scaled = scaled_learning_rate(base, plan)
+    optimizer.learning_rate = scaled
+    return (f"--scale-lr: learning rate {base:g} → {scaled:g} (×{plan.replicas}: global "
+            f"batch {plan.global_batch} = {plan.replicas} × {plan.per_replica} per replica)")

@@ -1,0 +1,354 @@
+"""Running a cell's Keras training on the connection's strategy: the cell's orchestration.
+
+`fit`, `evaluate` and `predict` of the models a `%%tpu_train` cell runs (and, later, of
+the models it built or rewrapped: see `routing`) go through `TrainingCell`: the batch
+is checked before anything runs, NumPy inputs become whole batches (see `backends.tf_data`,
+`backends.jax_data`), padding is masked out of losses and metrics (see `exactness`), and `fit`
+gets a live progress bar and a report.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, MutableMapping
+
+import keras
+
+from tpu_magic.core import arrays
+from tpu_magic.core.batching import BatchPlan, plan_batches
+from tpu_magic.core.errors import CheckpointError, RewrapError
+from tpu_magic.core.session import Connection
+from tpu_magic.core.variables import name_of
+from tpu_magic.training import checkpoints, planning, precision, routing, utilization
+from tpu_magic.training.agreement import ReplicasAgree
+from tpu_magic.training.cell_code import hand_written_loop, names_in
+from tpu_magic.training.inputs import Inputs
+from tpu_magic.training.model_setup import prepare
+from tpu_magic.training.progress import FitProgress, FitTiming, TrainingView
+from tpu_magic.training.report import TrainReport
+from tpu_magic.training.rewrap import built_for, built_outside, rewrap_namespace
+from tpu_magic.training.stopping import StopOnEvent, stop_on_interrupt
+
+
+# Its steps are not `strategy.run` calls, and its optimizer would update replicated variables
+# from outside a replica (TensorFlow: "DistributedVariable.handle is not available outside
+# the replica context").
+ONE_DEVICE = ("this cell trains with its own tf.GradientTape loop, so it runs as a plain cell "
+              "on one device, with plain Keras's numbers. To train on all {replicas} replicas, "
+              "put the step in a train_step method and call fit (keras.io: 'Customizing what "
+              "happens in fit()').")
+
+
+@dataclass(frozen=True)
+class FitCall:
+    """A `fit` as the cell made it: the model and its arguments (the panel's Train repeats it)."""
+
+    model: Any
+    arguments: dict
+    named: frozenset
+
+    @property
+    def cannot_repeat(self) -> str | None:
+        """Why the panel's Train cannot repeat this fit (None: it can)."""
+        for key in ("x", "validation_data"):
+            if planning.read_once(self.arguments.get(key)):
+                return (f"this fit read a generator ({key}), which is used up: train from a "
+                        "cell, with the generator made again")
+        return None
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """The flags of `%%tpu_train`."""
+
+    batch_size: int | None = None
+    epochs: int | None = None
+    scale_lr: bool = False
+    steps_per_execution: int | None = None
+    progress: bool = True
+    checkpoint: str | None = None  # a directory
+    keep: int = 2
+    resume: bool = False
+    precision: str | None = None  # --precision; None: the Keras dtype policy as it is
+    measured_tflops: float | None = None  # one device's matmul TFLOP/s from --check, if it ran
+
+
+class TrainingCell:
+    """Routes every Keras `fit`/`evaluate`/`predict` through tpu_magic while a cell runs.
+
+    Args:
+        connection: what `%tpu_connect` made (strategy, replicas, backend).
+        options: the cell's flags.
+        namespace: the user's namespace (models are looked up and rebound there).
+        say: prints one line to the user.
+        bar: a tqdm-like class for progress bars (None: no bars).
+        view: shows the training live too (the panel's training area).
+
+    After `run` or `fit_again`, `report` is the outcome, and `last_fit` the last `fit`
+    the cell made (what the panel's Train repeats). It writes no shared state.
+    """
+
+    def __init__(self, connection: Connection, options: TrainOptions,
+                 namespace: MutableMapping[str, Any], say: Callable[[str], None] = print,
+                 bar: Any = None, view: TrainingView | None = None):
+        self.connection = connection
+        self.options = options
+        self.namespace = namespace
+        self.say = say
+        self.bar = bar
+        self.view = view
+        self.report = TrainReport(strategy=type(connection.strategy).__name__,
+                                  replicas=connection.replicas)
+        self.last_model: Any = None
+        self.last_fit: FitCall | None = None
+        self.stop_event: threading.Event | None = None  # set: stop at the next batch
+        self.inputs = Inputs(connection, self._note, self.report.left_out,
+                             lambda model: self._name_of(model) or model.name)
+        self.checkpoints: checkpoints.CellCheckpoints | None = None  # --checkpoint
+        self.precision: precision.Precision | None = None
+        self._counted: dict[int, tuple[float, str] | None] = {}  # id(model) → its FLOPs
+
+    def run(self, execute: Callable[[], Any], cell: str) -> TrainReport:
+        """Rewraps the models the cell names, then runs it with the strategy in force."""
+        __tracebackhide__ = True  # noqa: F841 - the cell's own errors show the cell, not us
+        start = time.perf_counter()
+        strategy = self.connection.strategy
+        if self.options.batch_size is not None:  # a bad flag fails before anything runs
+            plan_batches(self.options.batch_size, self.connection.replicas, what="--batch-size")
+        if self.options.checkpoint is not None:
+            self.checkpoints = checkpoints.CellCheckpoints(
+                self.options.checkpoint, self.options.keep, self.options.resume)
+        if self.options.precision is not None:
+            self.precision = precision.for_connection(self.options.precision, self.connection)
+            self.report.precision = self.precision.describe()
+        if self.connection.replicas > 1 and hand_written_loop(cell):
+            return self._run_on_one_device(execute, start)
+        for done in rewrap_namespace(self.namespace, names_in(cell), self.connection):
+            line = done.summary(type(strategy).__name__, self.connection.replicas)
+            self.report.rewrapped.extend(done.names)
+            self.say(line)
+        try:
+            with strategy.scope(), routing.cell(self), precision.in_force(self.precision):
+                execute()
+        finally:
+            self.report.seconds = time.perf_counter() - start
+            self.report.model_name = self._name_of(self.last_model)
+            self._adopt_namespace()
+        return self.report
+
+    def _run_on_one_device(self, execute: Callable[[], Any], start: float) -> TrainReport:
+        """A cell with its own GradientTape loop runs as a plain cell, on one device (see
+        `ONE_DEVICE`)."""
+        __tracebackhide__ = True  # noqa: F841
+        self._note(ONE_DEVICE.format(replicas=self.connection.replicas))
+        try:
+            with precision.in_force(self.precision):
+                execute()
+        finally:
+            self.report.seconds = time.perf_counter() - start
+        return self.report
+
+    def _adopt_namespace(self) -> None:
+        """Models the cell left in the namespace that belong to the strategy keep routing."""
+        for name, value in list(self.namespace.items()):
+            if isinstance(value, keras.Model) and not name.startswith("_") and \
+                    built_for(value, self.connection):
+                self._adopt(value)
+
+    def _adopt(self, model: Any) -> None:
+        """Outside cells the model keeps routing: Keras's own output, no flags."""
+        if not routing.adopted(model):
+            routing.adopt(model, TrainingCell(self.connection, TrainOptions(progress=False),
+                                              self.namespace, say=self.say))
+
+    def fit_again(self, last: FitCall, stop_event: threading.Event | None = None) -> TrainReport:
+        """Repeats a recorded `fit` from the current weights with this cell's batch and epochs.
+
+        Args:
+            last: the `fit` to repeat (its data, validation data and callbacks).
+            stop_event: when set, training stops at the next batch boundary.
+        """
+        start = time.perf_counter()
+        self.stop_event = stop_event
+        call = dict(last.arguments, initial_epoch=0, verbose=0)
+        named = set(last.named) - {"batch_size", "epochs", "initial_epoch"}
+        try:
+            with self.connection.strategy.scope(), routing.inside_keras(), \
+                    self.connection.backend.replica_steps(last.model, self.connection):
+                self._fit(last.model, call, named)
+        finally:
+            self.report.seconds = time.perf_counter() - start
+            self.report.model_name = self._name_of(self.last_model)
+        return self.report
+
+    # -- routing ---------------------------------------------------------------------------
+
+    def route(self, name: str, model: Any, call: dict, named: set) -> Any:
+        """`model.<name>(...)` through tpu_magic (see `routing`)."""
+        if built_outside(model, self.connection):
+            raise _unnamed(self._name_of(model) or model.name, self.connection)
+        self._adopt(model)
+        planning.as_arrays(call)
+        with self.connection.strategy.scope(), routing.inside_keras(), \
+                self.connection.backend.replica_steps(model, self.connection):
+            return getattr(self, "_" + name)(model, call, named)
+
+    # -- shared steps ----------------------------------------------------------------------
+
+    def _plan(self, method: str, model: Any, call: dict, named: set,
+              key: str = "batch_size") -> BatchPlan:
+        plan = planning.plan_call(method, model, call, named, self.connection,
+                                  self.options.batch_size, key, label=self._name_of(model))
+        for warning in plan.warnings:
+            self._note(warning, "warning: ")
+        return plan
+
+    def _note(self, text: str, prefix: str = "note: ") -> None:
+        """Tells the user once per cell, and keeps it in the report."""
+        if text not in self.report.notes:
+            self.report.notes.append(text)
+            self.say(prefix + text)
+
+    def _prepare(self, model: Any) -> None:
+        for note in prepare(model, self.connection, self.options.steps_per_execution,
+                            self.precision, self._name_of(model) or model.name):
+            self._note(note)
+
+    def _flops(self, model: Any) -> float | None:
+        """Training FLOPs of one sample (once per model and cell), where they can be told."""
+        if id(model) not in self._counted:
+            self._counted[id(model)] = self.connection.backend.training_flops(model)
+        counted = self._counted[id(model)]
+        return None if counted is None else counted[0]
+
+    def _name_of(self, model: Any) -> str | None:
+        return name_of(self.namespace, model)
+
+    # -- the three methods -----------------------------------------------------------------
+
+    def _fit(self, model: Any, call: dict, named: set) -> Any:
+        recorded = FitCall(model, dict(call), frozenset(named))
+        plan = self._plan("fit", model, call, named)
+        if "epochs" not in named and self.options.epochs is not None:
+            call["epochs"] = self.options.epochs
+        if self.options.scale_lr:
+            note = planning.scale_learning_rate(model, plan)
+            if note:
+                self._note(note, "")
+        self._prepare(model)
+        seed, resume_from = arrays.new_seed(), None
+        if self.checkpoints is not None:
+            resume_from = self.checkpoints.resume(
+                call["epochs"], lambda text: self._note(text, "warning: "), self.say)
+            if resume_from is not None:
+                self.report.resumed_from = str(resume_from.path)
+                seed, call["initial_epoch"] = resume_from.seed, resume_from.epoch
+        batch = self.inputs.for_fit(model, call, plan, seed)
+        timing = FitTiming(global_batch=batch, flops_per_sample=self._flops(model))
+        progress = FitProgress(timing, bar=self.bar if self.options.progress else None,
+                               view=self.view)
+        saver = (self.checkpoints.callback(seed, self.connection, resume_from)
+                 if self.checkpoints is not None else None)
+        call["callbacks"] = _callbacks(call.get("callbacks"), progress, saver, self.stop_event,
+                                       self.connection)
+        if self.options.progress:
+            call["verbose"] = 0
+        interrupted, failure = False, None
+        compiled_before = self.connection.backend.compile_counts()
+        with stop_on_interrupt(model) as stop:
+            try:
+                history = routing.keras_method("fit")(model, **call)
+            except KeyboardInterrupt:
+                interrupted, history = True, getattr(model, "history", None)
+            except CheckpointError as exc:  # e.g. a full disk: stop, keep what was learned
+                failure, history = exc, getattr(model, "history", None)
+            finally:
+                progress.close(interrupted=interrupted or stop.requested)
+        ctrl_c = interrupted or stop.requested
+        stopped = self.stop_event is not None and self.stop_event.is_set()
+        interrupted = ctrl_c or stopped or failure is not None
+        self.report.add_fit(plan, timing, history, interrupted)
+        self.last_model, self.last_fit = model, recorded
+        self.report.utilization = utilization.of_fit(
+            self.connection, self._counted.get(id(model)), timing.samples_per_second,
+            timing.steady_seconds / timing.steady_steps if timing.steady_steps else None,
+            call["x"], self.options.measured_tflops)
+        if compiled_before is not None:
+            self.report.xla_compile = self.connection.backend.compile_counts() - compiled_before
+        if saver is not None:
+            self.report.checkpoints.extend(str(p) for p in saver.written)
+            warnings, notes = self.checkpoints.outcome(saver)
+            for text in warnings:
+                self._note(text, "warning: ")
+            for text in notes:
+                self._note(text)
+        if failure is not None:
+            raise failure
+        if interrupted:
+            self.say(_interrupted(timing.steps_done, ctrl_c))
+        if ctrl_c:  # as in any Python cell, an interrupt ends it: the lines after fit don't run
+            __tracebackhide__ = True  # noqa: F841 - IPython shows the user's line, not ours
+            raise KeyboardInterrupt
+        return history
+
+    def _evaluate(self, model: Any, call: dict, named: set) -> Any:
+        plan = self._plan("evaluate", model, call, named)
+        self._prepare(model)
+        self.inputs.for_evaluate(model, call, plan)
+        if self.options.progress:
+            call["verbose"] = 0
+        wanted_dict = call.get("return_dict", False)
+        call["return_dict"] = True
+        result = routing.keras_method("evaluate")(model, **call)
+        self.report.evaluations.append({k: float(v) for k, v in result.items()})
+        if self.last_model is None:
+            self.last_model = model
+        # Keras's own ordering of a non-dict result (a scalar for a single value).
+        return result if wanted_dict else model._flatten_metrics_in_order(result)
+
+    def _predict(self, model: Any, call: dict, named: set) -> Any:
+        plan = self._plan("predict", model, call, named)
+        self._prepare(model)
+        if self.options.progress:
+            call["verbose"] = 0
+        rows = self.inputs.for_predict(model, call, plan)
+        out = routing.keras_method("predict")(model, **call)
+        if rows is not None:
+            out = arrays.trim(out, rows)
+        rows = len(keras.tree.flatten(out)[0])
+        self.report.predictions.append(rows)
+        return out
+
+    def _predict_on_batch(self, model: Any, call: dict, named: set) -> Any:
+        return self._predict(model, _predict_on_batch_call(call), {"x"})
+
+
+def _predict_on_batch_call(call: dict) -> dict:
+    """`predict_on_batch(x)` as the `predict` call that gives its rows (one batch's worth)."""
+    return {"x": call["x"], "batch_size": None, "verbose": 0, "steps": None, "callbacks": None}
+
+
+def _callbacks(given: Any, progress: FitProgress, saver: Any, stop_event: Any,
+               connection: Connection) -> list:
+    """A `fit`'s callbacks: the checkpoint saver first (every other callback sees restored
+    weights), the user's, the bar, the replicas' agreement, the panel's Stop."""
+    found = ([saver] if saver is not None else []) + list(given or []) + [progress]
+    if connection.replicas > 1:  # one set of BatchNorm statistics, as its copy has
+        found.append(ReplicasAgree(connection.backend))
+    if stop_event is not None:
+        found.append(StopOnEvent(stop_event))
+    return found
+
+
+def _interrupted(steps: int, ctrl_c: bool) -> str:
+    return (f"Interrupted after {steps} steps: the model keeps the weights learned so far"
+            + (", and the rest of the cell does not run." if ctrl_c else "."))
+
+
+def _unnamed(label: str, connection: Connection) -> RewrapError:
+    return RewrapError(
+        f"model {label!r} was built outside {type(connection.strategy).__name__}, and this "
+        "cell reaches it without naming it. Name it in the cell (tpu_magic rebuilds the models "
+        "a cell names) or build it inside the %%tpu_train cell.")

@@ -1,0 +1,173 @@
+"""A cell's checkpoints: opening `--checkpoint DIR`, the per-epoch callback, where
+`--resume` continues, and what the written checkpoints tell the user.
+
+The files and the directory are `checkpoint_store`'s; this module decides, for one
+`%%tpu_train` cell, and returns what to say instead of saying it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pathlib import Path
+from typing import Any, Callable
+
+import keras
+
+from tpu_magic.core.errors import CheckpointError
+from tpu_magic.training.checkpoint_store import Checkpoint, CheckpointStore, restore
+
+
+def open_store(directory: str, keep: int, resume: bool) -> CheckpointStore:
+    """--checkpoint: a writable directory; without --resume, one holding no checkpoints.
+
+    Raises:
+        CheckpointError: the directory cannot be used, or holds checkpoints without --resume.
+    """
+    store = CheckpointStore(directory, keep)
+    store.prepare()
+    listing = store.listing()
+    if listing and not resume:
+        raise CheckpointError(
+            f"--checkpoint {store.directory} already holds checkpoints (the newest after "
+            f"epoch {listing[-1][1]}): add --resume to continue from it, or choose an "
+            "empty directory.")
+    return store
+
+
+@dataclass
+class ResumePoint:
+    """Where `--resume` continues: the checkpoint (None: from the start), and what to say.
+
+    Attributes:
+        warnings: damaged checkpoints skipped on the way.
+        message: the line that says where training goes on.
+    """
+
+    checkpoint: Checkpoint | None
+    message: str
+    warnings: list[str] = field(default_factory=list)
+
+
+def resume_point(store: CheckpointStore, epochs: int) -> ResumePoint:
+    """--resume: the newest checkpoint that reads back whole, and where training goes on.
+
+    Raises:
+        CheckpointError: checkpoints exist but none reads back whole.
+    """
+    found = store.newest()
+    warnings = [f"{moved}; using the checkpoint before it" for moved in store.take_moved_aside()]
+    checkpoint = found.checkpoint
+    if checkpoint is None:
+        if found.skipped:
+            raise CheckpointError(
+                f"--resume: no checkpoint in {store.directory} reads back whole with finite "
+                f"weights ({'; '.join(found.skipped)}). They were moved aside (NAME.damaged), "
+                "nothing was trained: run the cell again to start over, or point --checkpoint "
+                "at a directory with a good checkpoint.")
+        return ResumePoint(None, f"--resume: no checkpoint in {store.directory} yet, "
+                                 "training from the start.", warnings)
+    done = checkpoint.epoch
+    return ResumePoint(
+        checkpoint,
+        f"Resuming from {checkpoint.path}: {done} epoch{'s' * (done != 1)} done, "
+        + (f"continuing at epoch {done + 1} of {epochs}." if done < epochs
+           else f"all {epochs} are done (the model gets its weights)."),
+        warnings)
+
+
+def not_finite_note(saver: Checkpointing, store: CheckpointStore) -> str | None:
+    """Which epochs got no checkpoint because their weights were NaN or infinite."""
+    if not saver.not_finite:
+        return None
+    epochs = ", ".join(map(str, saver.not_finite))
+    newest = store.listing()
+    return (f"the weights were NaN or infinite after epoch{'s' * (len(saver.not_finite) > 1)} "
+            f"{epochs}, so no checkpoint was written for "
+            f"{'them' if len(saver.not_finite) > 1 else 'it'}"
+            + (f"; the newest finite one, {newest[-1][2].name}, is kept" if newest else "")
+            + ". Lower the learning rate or look for NaN/Inf in the data, then re-run with "
+            "--resume.")
+
+
+def cut_short_note(saver: Checkpointing, store: CheckpointStore) -> str | None:
+    """Why the last epoch has no checkpoint, where it was stopped early."""
+    if saver.cut_short is None:
+        return None
+    newest = store.listing()
+    return (f"epoch {saver.cut_short} was stopped early, so it has no checkpoint"
+            + (f" (the newest is {newest[-1][2].name})" if newest else ""))
+
+
+# -- during fit ------------------------------------------------------------------------------
+
+class Checkpointing(keras.callbacks.Callback):
+    """Restores a checkpoint when training begins and writes one after every epoch.
+
+    Args:
+        store: where to write.
+        seed: the data order's seed (saved, so a resumed run sees the same order).
+        connection: the connection the model trains on (its strategy and backend).
+        resume_from: the checkpoint to restore before the first step, if resuming.
+        say: prints one line to the user.
+    """
+
+    def __init__(self, store: CheckpointStore, seed: int, connection: Any,
+                 resume_from: Checkpoint | None = None, say: Callable[[str], None] = print):
+        super().__init__()
+        self.store, self.seed, self.connection = store, seed, connection
+        self.resume_from, self.say = resume_from, say
+        self.written: list[Path] = []
+        self.cut_short: int | None = None  # an epoch stopped early (not checkpointed)
+        self.not_finite: list[int] = []  # epochs whose weights were NaN/Inf (not written)
+
+    def on_train_begin(self, logs=None):
+        if self.resume_from is not None:
+            restore(self.model, self.resume_from, self.connection.strategy)
+
+    def on_epoch_end(self, epoch, logs=None):
+        # Called first among the callbacks: a stop requested already came from a batch
+        # hook or Ctrl-C, so this epoch ended early and is not a complete one.
+        if self.model.stop_training:
+            self.cut_short = epoch + 1
+            return
+        written = self.store.save(self.model, epoch + 1, self.seed, self.connection.backend)
+        if written is None:
+            self.not_finite.append(epoch + 1)
+        else:
+            self.written.append(written)
+
+
+class CellCheckpoints:
+    """One cell's `--checkpoint DIR [--keep K] [--resume]`: the store, where its first `fit`
+    resumes, the callback of each `fit`, and what the written checkpoints tell the user.
+
+    Raises (on construction):
+        CheckpointError: the directory cannot be used, or holds checkpoints without --resume.
+    """
+
+    def __init__(self, directory: str, keep: int, resume: bool):
+        self.store = open_store(directory, keep, resume)
+        self._resume_pending = resume
+
+    def resume(self, epochs: int, warn: Callable[[str], None],
+               say: Callable[[str], None]) -> Checkpoint | None:
+        """The cell's first `fit` continues from the newest checkpoint (None: from the start)."""
+        if not self._resume_pending:
+            return None
+        self._resume_pending = False
+        point = resume_point(self.store, epochs)
+        for warning in point.warnings:
+            warn(warning)
+        say(point.message)
+        return point.checkpoint
+
+    def callback(self, seed: int, connection: Any, resume_from: Checkpoint | None) -> Checkpointing:
+        return Checkpointing(self.store, seed, connection, resume_from)
+
+    def outcome(self, saver: Checkpointing) -> tuple[list[str], list[str]]:
+        """(warnings, notes) about a `fit`'s checkpoints: files moved aside, epochs with NaN
+        weights, an epoch cut short."""
+        notes = [n for n in (not_finite_note(saver, self.store),
+                             cut_short_note(saver, self.store)) if n]
+        return self.store.take_moved_aside(), notes

@@ -1,0 +1,62 @@
+"""Per-model settings before tpu_magic runs a model's `fit`, `evaluate` or `predict`.
+
+Steps per execution and `jit_compile` where the connection cannot run them, the
+exactness overrides (see `exactness`), float32 outputs under a mixed policy (see
+`precision`), a subclassed model without `call()` marked built, and a retrace where any of
+these changed (or the first time tpu_magic runs the model): functions Keras traced before
+would run without them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+
+from tpu_magic.training import exactness, precision
+
+_TRACED = "_tpu_magic_traced"  # on the model: its functions were traced with the settings
+
+
+def prepare(model: Any, connection: Any, steps_per_execution: int | None,
+            chosen: precision.Precision | None, label: str) -> list[str]:
+    """Puts the settings on `model`. Returns the notes to say."""
+    notes = []
+    k = steps_per_execution or model.steps_per_execution
+    retrace = not getattr(model, _TRACED, False)
+    cannot = connection.backend.steps_per_execution_note(connection, k)
+    if cannot:
+        notes.append(cannot)
+        k = 1
+    if model.steps_per_execution != k:
+        model.steps_per_execution = k
+        retrace = True
+    cannot_jit = connection.backend.jit_compile_note(connection, model)
+    if cannot_jit:
+        notes.append(cannot_jit)
+        model.jit_compile = False
+        retrace = True
+    _mark_built_without_call(model)
+    if exactness.enable(model):
+        retrace = True
+    changed, said = precision.keep_outputs_float32(chosen, model, label)
+    notes += said
+    if changed or retrace:
+        model.train_function = model.test_function = model.predict_function = None
+        object.__setattr__(model, _TRACED, True)
+    return notes
+
+
+def _mark_built_without_call(model: Any) -> None:
+    """A subclassed model with its own train_step and no `call()` (keras-io's VAE) counts as
+    built once its layers are.
+
+    Under a tf.distribute strategy Keras builds an unbuilt model symbolically before `fit`
+    by calling it, and fails there ("does not have a `call()` method"); on one device it
+    never calls it. The model has no variables of its own, so nothing is left unbuilt.
+    """
+    if model.built or type(model).call is not keras.Model.call:
+        return
+    layers = list(model._flatten_layers(include_self=False))
+    if layers and all(layer.built for layer in layers):
+        model.built = True
