@@ -3,22 +3,30 @@
 #   bash dev.sh demo       # set up .venv, run the demo notebook on a simulated 8-core TPU
 #   bash dev.sh test       # set up .venv, run the test suite
 # and, for CI: bash dev.sh examples   # every example notebook, small settings
+#              bash dev.sh wheel      # the built wheel in a clean venv (JAX, no TensorFlow)
 # Set-up is idempotent: the venv is made once and `pip install` is quick when nothing changed.
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV=${TPU_MAGIC_VENV:-.venv}
+WHEEL_VENV=${TPU_MAGIC_WHEEL_VENV:-.venv-wheel}
+
+say() { echo "dev.sh: $*"; }
 
 setup() {
   if [ ! -x "$VENV/bin/python" ]; then
+    say "creating $VENV and installing tensorflow-cpu, JAX, JupyterLab and the test tools" \
+        "(about 2.6 GB; a few minutes the first time, seconds after)"
     python3 -m venv "$VENV"
   fi
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
+  say "pip install -e .[cpu,test,browser,examples,jax] into $VENV"
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[cpu,test,browser,examples,jax]"
+  say "set up"
 }
 
 # The panel's browser test drives Debian's chromium; Playwright's own download is not used.
 chromium() {
-  if [ -x /usr/bin/chromium ]; then
+  if [ -x /usr/bin/chromium ] || [ "${TPU_MAGIC_BROWSER:-}" = skip ]; then
     return
   fi
   local as_root=""
@@ -26,7 +34,8 @@ chromium() {
     as_root="sudo -n"
   fi
   if { [ "$(id -u)" = 0 ] || [ -n "$as_root" ]; } && command -v apt-get > /dev/null; then
-    echo "dev.sh: installing chromium with apt (for the panel's browser test)"
+    say "installing Debian's chromium with apt-get (as root; about 300 MB) for the panel's" \
+        "browser test; skip it with TPU_MAGIC_BROWSER=skip"
     $as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
     $as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium > /dev/null
   else
@@ -37,11 +46,44 @@ chromium() {
 
 case "${1:-}" in
   demo)
-    # The CIFAR-10 example, small: 1,536 stand-in images (no download), 2 epochs.
+    # The CIFAR-10 example, small: the offline stand-in's 1,497 training images (sklearn's
+    # digits upscaled, no download), 2 epochs; the executed notebook, with its outputs (the
+    # loss chart, a test image and its predicted class), is saved in executed/.
     setup
     shift
-    "$VENV/bin/python" examples/run_notebook.py examples/cifar10_cnn.ipynb \
+    say "running examples/cifar10_cnn.ipynb on a simulated 8-core TPU (about a minute)"
+    "$VENV/bin/python" examples/run_notebook.py examples/cifar10_cnn.ipynb --save executed \
       -p 'CONNECT="--simulate 8"' -p OFFLINE=True -p SAMPLES=1536 -p EPOCHS=2 "$@"
+    ;;
+  wheel)
+    # What a Colab or Kaggle user installs: the built wheel (not -e), in a clean venv with
+    # the [jax] extra and no TensorFlow, running the demo from outside the repository.
+    setup
+    shift
+    rm -rf dist "$WHEEL_VENV"
+    say "building the wheel and the sdist (python -m build)"
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check build
+    "$VENV/bin/python" -m build -q --outdir dist . > /dev/null
+    wheel=$(ls dist/tpu_magic-*.whl)
+    say "installing $wheel[jax,examples] into a clean $WHEEL_VENV (no TensorFlow)"
+    python3 -m venv "$WHEEL_VENV"
+    "$WHEEL_VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
+    "$WHEEL_VENV/bin/python" -m pip install -q --disable-pip-version-check \
+      "$wheel[jax,examples]" nbclient nbformat ipykernel
+    run_dir=$(mktemp -d)
+    cp examples/cifar10_cnn.ipynb "$run_dir/"
+    (cd "$run_dir" && "$WHEEL_VENV/bin/python" - <<'PY'
+import importlib.util, sys
+import tpu_magic
+assert "site-packages" in tpu_magic.__file__, tpu_magic.__file__
+assert importlib.util.find_spec("tensorflow") is None, "the wheel's [jax] install pulled TensorFlow"
+import tpu_magic.datasets, tpu_magic.notebook.magics  # package data and subpackages shipped
+print("dev.sh: the wheel's tpu_magic is", tpu_magic.__file__)
+PY
+    )
+    (cd "$run_dir" && "$WHEEL_VENV/bin/python" "$OLDPWD/examples/run_notebook.py" \
+      cifar10_cnn.ipynb -p 'CONNECT="--simulate 8"' -p OFFLINE=True -p SAMPLES=512 \
+      -p EPOCHS=1 "$@")
     ;;
   examples)
     # Every notebook twice: with TensorFlow (auto takes it), then as on Colab's TPU image,
@@ -62,7 +104,8 @@ case "${1:-}" in
     "$VENV/bin/python" -m pytest "$@"
     ;;
   *)
-    echo "usage: bash dev.sh demo | bash dev.sh test [pytest args] | bash dev.sh examples" >&2
+    echo "usage: bash dev.sh demo | bash dev.sh test [pytest args] | bash dev.sh examples |" \
+         "bash dev.sh wheel" >&2
     exit 2
     ;;
 esac

@@ -1,16 +1,20 @@
 """Runs notebooks headless (nbclient) and prints what their cells printed.
 
     python examples/run_notebook.py examples/cifar10_cnn.ipynb [more.ipynb ...] [-p EPOCHS=1 ...]
+        [--save DIR]
 
 `-p NAME=VALUE` overrides a line `NAME = ...` in the cell tagged `parameters`
 (papermill style; the value is Python source, e.g. -p 'CONNECT="--simulate 8"').
-Exits 1 if any cell of any notebook produced an error output, so CI fails.
+`--save DIR` writes each executed notebook, with its outputs (pictures included), to DIR.
+Exits 1 if any cell of any notebook produced an error output, or framework log noise
+(absl, oneDNN, TensorFlow's C++ info lines) reached a cell's output, so CI fails.
 """
 
 import argparse
 import re
 import sys
 import time
+from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
@@ -38,8 +42,14 @@ def text_of(output):
     return ""
 
 
-def run(path, overrides, timeout):
-    """Executes one notebook; prints its outputs; returns the number of error outputs."""
+# Lines the frameworks print on their own, which a notebook user should never see.
+NOISE = re.compile(r"absl::InitializeLog|cpu_feature_guard|oneDNN custom operations|"
+                   r"This TensorFlow binary is optimized|^[IW]\d{4} \d\d:\d\d:\d\d", re.M)
+
+
+def run(path, overrides, timeout, save=None):
+    """Executes one notebook; prints its outputs; returns the number of error outputs
+    (framework log noise in an output counts as one)."""
     notebook = nbformat.read(path, as_version=4)
     set_parameters(notebook, overrides)
     start = time.perf_counter()
@@ -55,6 +65,13 @@ def run(path, overrides, timeout):
             text = text_of(output).rstrip()
             if text:
                 print(f"[cell {index}] {text}")
+            if output.output_type == "stream" and NOISE.search(output.text):
+                errors += 1
+                print(f"[cell {index}] framework log noise in the cell's output (above)")
+    if save is not None:
+        Path(save).mkdir(parents=True, exist_ok=True)
+        nbformat.write(notebook, Path(save) / Path(path).name)
+        print(f"executed notebook saved: {Path(save) / Path(path).name}")
     print(f"{path}: {'FAILED' if errors else 'ok'} in {time.perf_counter() - start:.0f} s"
           f"{f', {errors} cell error(s)' if errors else ''}", flush=True)
     return errors
@@ -65,9 +82,10 @@ def main():
     parser.add_argument("notebooks", nargs="+")
     parser.add_argument("-p", "--parameter", action="append", default=[], metavar="NAME=VALUE")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per cell")
+    parser.add_argument("--save", metavar="DIR", help="write the executed notebooks to DIR")
     args = parser.parse_args()
     overrides = dict(p.split("=", 1) for p in args.parameter)
-    failed = [path for path in args.notebooks if run(path, overrides, args.timeout)]
+    failed = [path for path in args.notebooks if run(path, overrides, args.timeout, args.save)]
     if failed:
         print("failed: " + ", ".join(failed))
     return 1 if failed else 0

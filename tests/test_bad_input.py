@@ -191,3 +191,41 @@ def plain(text):
     import re
 
     return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
+# -- help that teaches -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("lookup", ["%%tpu_train?", "%tpu_train?", "%tpu_connect?", "%tpu_sync?"])
+def test_every_help_lookup_shows_usage_and_an_example(ip, lookup):
+    from IPython.utils.capture import capture_output
+
+    with capture_output() as shown:
+        ip.run_cell(lookup)
+    text = plain(shown.stdout)
+    assert "Object `" not in text and "not found" not in text
+    name = lookup.strip("%?")
+    assert "Examples" in text and f"%{name} [--" in text  # the usage line, then an example
+    if "tpu_train" in lookup:
+        assert "--batch-size" in text and "%%tpu_train --epochs 5" in text
+
+
+def test_tpu_train_typed_as_a_line_magic_says_where_it_goes(ip):
+    with pytest.raises(UsageError, match=r"%%tpu_train is a cell magic: put `%%tpu_train "
+                                         r"\[flags\]` on the first line of the cell"):
+        ip.run_line_magic("tpu_train", "--epochs 1")
+
+
+@pytest.mark.parametrize("magic, line, hint", [
+    ("tpu_train", "--batchsize 64", "--batchsize: did you mean --batch-size?"),
+    ("tpu_train", "--epoch 2 --checkpiont d", "--checkpiont: did you mean --checkpoint?"),
+    ("tpu_connect", "--simlate 8", "--simlate: did you mean --simulate?"),
+    ("tpu_sync", "--svae w.weights.h5", "--svae: did you mean --save?"),
+])
+def test_a_mistyped_flag_gets_the_nearest_one(sim8, magic, line, hint):
+    with pytest.raises(UsageError) as error:
+        if magic == "tpu_train":
+            sim8.run_cell_magic(magic, line, "ran = True")
+        else:
+            sim8.run_line_magic(magic, line)
+    assert hint in str(error.value) and "for every flag and an example" in str(error.value)
+    assert "ran" not in sim8.user_ns

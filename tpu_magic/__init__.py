@@ -14,10 +14,13 @@ __version__ = "0.1.0"
 
 
 def load_ipython_extension(ipython):
-    """Registers the magics (`%load_ext tpu_magic`)."""
+    """Registers the magics (`%load_ext tpu_magic`), and keeps TensorFlow's C++ log lines out
+    of the notebook should anything import TensorFlow before `%tpu_connect`."""
     from tpu_magic.notebook.magics import register
+    from tpu_magic.notebook.quiet import quiet_native_logs
 
     register(ipython)
+    quiet_native_logs()
 
 
 def unload_ipython_extension(ipython):

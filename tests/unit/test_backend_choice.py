@@ -1,9 +1,16 @@
 """Which Keras backend `%tpu_connect` chooses, decided without importing either (pure)."""
 
+import os
+import sys
+
 import pytest
 
 from tpu_magic.backends import choose_backend
+from tpu_magic.connecting import doctor
+from tpu_magic.connecting.connect import connect, imported_first
 from tpu_magic.core.errors import ConnectError
+from tpu_magic.core.session import session
+from tpu_magic.core.target import MachineSigns
 
 JAX = {"jax": "0.10.2"}
 TF_TPU = {"tensorflow-tpu": "2.21.0", "jax": "0.10.2"}
@@ -49,3 +56,48 @@ def test_impossible_backends_say_what_to_do(requested, imported, message):
     with pytest.raises(ConnectError, match=message.replace("(", r"\(").replace(")", r"\)")
                        .replace(".", r"\.")):
         choose_backend(requested, imported, {}, False, JAX)
+
+
+@pytest.mark.parametrize("set_to, installed, tpu_vm, backend", [
+    ("torch", {}, False, "tensorflow"),
+    ("torch", JAX, True, "jax"),
+    ("numpy", {}, False, "tensorflow"),
+])
+def test_a_keras_backend_tpu_magic_cannot_use_is_said_not_replaced_silently(set_to, installed,
+                                                                          tpu_vm, backend):
+    choice = choose_backend("auto", None, {"KERAS_BACKEND": set_to}, tpu_vm, installed)
+    assert choice.reason.startswith(f"KERAS_BACKEND={set_to} is set, but tpu_magic trains with "
+                                    f"tensorflow or jax, so it uses {backend} (")
+
+
+def test_a_target_a_backend_refuses_is_refused_before_any_framework_is_imported(monkeypatch):
+    # The unit suite's conftest fails the run if keras, TensorFlow or JAX was imported.
+    monkeypatch.delenv("KERAS_BACKEND", raising=False)
+    with pytest.raises(ConnectError, match="JAX reaches TPUs on TPU VMs .*not a TPU node at "
+                                           r"grpc://127\.0\.0\.1:8470: use `--backend tf`"):
+        connect("grpc://127.0.0.1:8470", backend="jax", env={}, signs=MachineSigns(),
+                probe_tf=lambda address, timeout: pytest.fail("nothing may be probed"))
+    assert "KERAS_BACKEND" not in os.environ and "keras" not in sys.modules
+    assert session() is None
+
+
+@pytest.mark.parametrize("env, restart", [
+    ({"KAGGLE_KERNEL_RUN_TYPE": "Interactive"}, "Run > Restart & clear cell outputs"),
+    ({"COLAB_RELEASE_TAG": "x"}, "Runtime > Restart session"),
+    ({}, "restart the runtime"),
+])
+def test_keras_imported_with_tensorflow_first_on_a_jax_tpu_vm_names_the_cause(env, restart):
+    message = imported_first("tf", env)
+    assert message.startswith("keras was imported with the TensorFlow backend before "
+                              "%tpu_connect, and on this TPU VM only JAX can use the TPU")
+    assert f"Restart ({restart}), then run `%load_ext tpu_magic` and `%tpu_connect` first" \
+        in message
+
+
+def test_the_doctor_does_not_blame_the_user_for_a_backend_tpu_magic_chose():
+    by_us = doctor.Runtime(keras_backend="jax", keras_by_us=True)
+    by_user = doctor.Runtime(keras_backend="jax")
+    assert "an earlier %tpu_connect in this process started Keras on jax" in \
+        str(doctor.diagnose(by_us, backend="tf")[0])
+    assert "keras was imported with the jax backend before %tpu_connect" in \
+        str(doctor.diagnose(by_user, backend="tf")[0])

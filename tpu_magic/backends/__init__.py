@@ -32,10 +32,12 @@ _FROM_KERAS = {"tensorflow": "tf", "jax": "jax"}
 
 @dataclass(frozen=True)
 class BackendChoice:
-    """The backend to use ("tf" or "jax") and why."""
+    """The backend to use ("tf" or "jax") and why; `imported`: keras was already imported
+    with it (the choice followed it)."""
 
     backend: str
     reason: str
+    imported: bool = False
 
 
 def imported_keras_backend() -> str | None:
@@ -78,23 +80,40 @@ def choose_backend(requested: str, keras_backend: str | None, env: Mapping[str, 
     if wanted == "auto":
         if imported:
             return BackendChoice(imported, f"keras is already imported with the {keras_backend} "
-                                           "backend")
-        from_env = _FROM_KERAS.get(env.get("KERAS_BACKEND", "").strip().lower())
+                                           "backend", imported=True)
+        set_in_env = env.get("KERAS_BACKEND", "").strip()
+        from_env = _FROM_KERAS.get(set_in_env.lower())
         if from_env:
-            return BackendChoice(from_env, f"KERAS_BACKEND={env['KERAS_BACKEND']}")
-        if importable is not None and "tensorflow" not in importable and "jax" in importable:
-            return BackendChoice("jax", "TensorFlow cannot be imported here and JAX can, as on "
-                                        "Colab's TPU runtimes")
-        if tpu_vm and "tensorflow-tpu" not in installed and "jax" in installed:
-            return BackendChoice("jax", "a TPU VM where TensorFlow has no TPU runtime "
-                                        "(no tensorflow-tpu) and JAX has, as on Kaggle's TPUs")
-        return BackendChoice("tf", "the default")
+            return BackendChoice(from_env, f"KERAS_BACKEND={set_in_env}")
+        choice = _auto(tpu_vm, installed, importable)
+        if set_in_env:  # e.g. torch, a common Colab GPU setting: said, not silently replaced
+            return BackendChoice(choice.backend, f"KERAS_BACKEND={set_in_env} is set, but "
+                                 "tpu_magic trains with tensorflow or jax, so it uses "
+                                 f"{KERAS_NAME[choice.backend]} ({choice.reason})")
+        return choice
     if imported and imported != wanted:
         raise ConnectError(
             f"keras is already imported with the {keras_backend} backend, and a running process "
             f"cannot switch it to {KERAS_NAME[wanted]}. Restart the runtime, then run "
             f"`%tpu_connect --backend {wanted}` before importing keras.")
-    return BackendChoice(wanted, f"--backend {wanted}")
+    return BackendChoice(wanted, f"--backend {wanted}", imported=imported == wanted)
+
+
+def _auto(tpu_vm: bool, installed: Mapping[str, str],
+          importable: Collection[str] | None) -> BackendChoice:
+    """`auto` where nothing (an imported keras, KERAS_BACKEND) has chosen yet."""
+    if importable is not None and "tensorflow" not in importable and "jax" in importable:
+        return BackendChoice("jax", "TensorFlow cannot be imported here and JAX can, as on "
+                                    "Colab's TPU runtimes")
+    if tpu_vm and only_jax_reaches_the_tpu(installed):
+        return BackendChoice("jax", "a TPU VM where TensorFlow has no TPU runtime "
+                                    "(no tensorflow-tpu) and JAX has, as on Kaggle's TPUs")
+    return BackendChoice("tf", "the default")
+
+
+def only_jax_reaches_the_tpu(installed: Mapping[str, str]) -> bool:
+    """JAX is installed and TensorFlow's TPU build is not (Kaggle's TPU image)."""
+    return "tensorflow-tpu" not in installed and "jax" in installed
 
 
 def importable_modules(names: Iterable[str] = ("tensorflow", "jax")) -> frozenset[str]:

@@ -115,6 +115,12 @@ class JaxBackend(Named):
     label = "JAX"
     static_batch_is_global = True  # DataParallel traces the global batch
 
+    def refuses(self, chosen: Target, simulate: int | None) -> str | None:
+        if chosen.kind == "tpu" and chosen.address != "local":
+            return (f"JAX reaches TPUs on TPU VMs (`%tpu_connect local --backend jax`), not a "
+                    f"TPU node at {chosen.address}: use `--backend tf` for that.")
+        return None
+
     def connect(self, chosen: Target, simulate: int | None, *, explicit_gpu: bool,
                 compile_cache: str | None, env: Mapping[str, str],
                 probe_node: Callable[[Target], Any] = lambda chosen: None
@@ -135,10 +141,6 @@ class JaxBackend(Named):
         jax = require_jax()
         import keras
 
-        if chosen.kind == "tpu" and chosen.address != "local":
-            raise ConnectError(
-                f"JAX reaches TPUs on TPU VMs (`%tpu_connect local --backend jax`), not a TPU "
-                f"node at {chosen.address}: use `--backend tf` for that.")
         if simulate is not None:
             devices = jax.devices("cpu")
             if len(devices) != simulate:

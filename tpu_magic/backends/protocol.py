@@ -43,6 +43,10 @@ class Backend(Protocol):
         """The connection to `chosen`; `probe_node` is the bounded reachability check a
         backend that reaches TPU nodes runs before connecting to one."""
 
+    def refuses(self, chosen: "Target", simulate: int | None) -> str | None:
+        """Why this backend cannot connect to `chosen`, told before any framework is imported
+        (None: it may try)."""
+
     def device_view(self, connection: "Connection", env: Mapping[str, str]) -> "DeviceView":
         """The first device: its name, chip, memory, and a matmul measurement."""
 

@@ -87,6 +87,9 @@ class TensorFlowBackend(Named):
 
     # -- connecting ------------------------------------------------------------------------
 
+    def refuses(self, chosen: Target, simulate: int | None) -> str | None:
+        return None  # TensorFlow reaches TPU nodes, TPU VMs (with tensorflow-tpu), GPUs, CPUs
+
     def connect(self, chosen: Target, simulate: int | None, *, explicit_gpu: bool,
                 compile_cache: str | None, env: Mapping[str, str],
                 probe_node: Callable[[Target], Any] = lambda chosen: None
@@ -125,8 +128,7 @@ class TensorFlowBackend(Named):
             resolver = tpu_runtime.initialize(address)
         except tf.errors.NotFoundError as exc:
             if address == "local":
-                first = str(exc).strip().splitlines()[0][:160]
-                raise ConnectError(f"{NO_TPU_FIX} (TensorFlow said: {first})") from None
+                raise ConnectError(f"{NO_TPU_FIX} (TensorFlow said: {_said(exc)})") from None
             raise ConnectError(f"TPU {address} could not be initialised: {exc}") from None
         except ValueError as exc:
             raise ConnectError(f"TPU {address} could not be resolved: {exc}") from None
@@ -297,6 +299,14 @@ class TensorFlowBackend(Named):
                                "its own cell, not inside %%tpu_train")
         with tf.device("/cpu:0"):
             yield
+
+
+def _said(exc: BaseException, limit: int = 160) -> str:
+    """The first line of an error, cut at a word (never mid-word) if long."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if len(first) <= limit:
+        return first
+    return first[:limit].rsplit(" ", 1)[0] + " …"
 
 
 def _mirrored_replicas(connection: Connection) -> bool:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from tpu_magic import backends
-from tpu_magic.connecting import probe
+from tpu_magic.connecting import doctor, probe
 from tpu_magic.backends import choose_backend, imported_keras_backend, importable_modules, select
 from tpu_magic.core.deps import installed_versions
 from tpu_magic.core.errors import AddressError, ConnectError, MissingDependencyError
@@ -101,8 +101,6 @@ def connect(
     A connect that fails says, after its own reason, what the runtime doctor finds (see
     `doctor`): the known traps of this runtime, each with its fix.
     """
-    from tpu_magic.connecting import doctor
-
     env = os.environ if env is None else env
     signs = read_machine_signs() if signs is None else signs
     try:
@@ -137,8 +135,9 @@ def _connect(target: str, simulate: int | None, timeout: float, backend: str,
         chosen = Target("cpu", None, f"--simulate {simulate}: {simulate} logical CPU devices")
     if simulate is None:
         chosen = resolve_target(target, env, signs)
+    installed = installed_versions()
     choice = choose_backend(backend, imported_keras_backend(), env, signs.tpu_vm,
-                            installed_versions(), importable_modules())
+                            installed, importable_modules())
     chosen_backend = backends.get(choice.backend)
     if choice.reason != "the default":
         chosen = Target(chosen.kind, chosen.address, f"{chosen.reason}; Keras on "
@@ -148,6 +147,14 @@ def _connect(target: str, simulate: int | None, timeout: float, backend: str,
     if current is not None and current.backend.name == choice.backend and \
             _same(current, chosen, simulate):
         return _result(current, chosen, start, reused=True)
+    # Everything that can be told without a framework is told before one is imported: an
+    # import here would fix Keras's backend for the process, and later connects with it.
+    refused = chosen_backend.refuses(chosen, simulate)
+    if refused:
+        raise ConnectError(refused)
+    if chosen.kind == "tpu" and choice.imported and signs.tpu_vm and \
+            backends.only_jax_reaches_the_tpu(installed):
+        raise ConnectError(imported_first(choice.backend, env))
     select(choice)
     new, chosen = chosen_backend.connect(
         chosen, simulate, explicit_gpu=target.strip().lower() == "gpu",
@@ -155,6 +162,18 @@ def _connect(target: str, simulate: int | None, timeout: float, backend: str,
         probe_node=lambda node: _probe_node(node, timeout, probe_tf))
     process.set_connection(new)
     return _result(new, chosen, start)
+
+
+def imported_first(backend: str, env: Mapping[str, str]) -> str:
+    """Keras was imported with TensorFlow before `%tpu_connect` on a TPU VM where only JAX
+    has the TPU runtime (Kaggle's image: jax[tpu] beside tensorflow-cpu)."""
+    restart = {"Kaggle": "Run > Restart & clear cell outputs",
+               "Colab": "Runtime > Restart session"}.get(doctor.notebook_service(env) or "",
+                                                         "restart the runtime")
+    return ("keras was imported with the TensorFlow backend before %tpu_connect, and on this "
+            "TPU VM only JAX can use the TPU (TensorFlow here has no TPU runtime). Restart "
+            f"({restart}), then run `%load_ext tpu_magic` and `%tpu_connect` first, before "
+            "`import keras` or `import tensorflow`: Keras then runs on JAX.")
 
 
 def _probe_node(chosen: Target, timeout: float, probe_tf: Callable[[str, float], int]) -> int:
@@ -215,7 +234,7 @@ def _same(current: Connection, chosen: Target, simulate: int | None) -> bool:
 def _result(s: Connection, chosen: Target, start: float, reused: bool = False) -> ConnectResult:
     return ConnectResult(
         target=s.target, kind=s.kind, replicas=s.replicas,
-        strategy_name=type(s.strategy).__name__, simulated=s.simulated,
+        strategy_name=s.strategy_name, simulated=s.simulated,
         reason=chosen.reason, devices=s.devices, seconds=time.monotonic() - start,
         reused=reused, notes=chosen.notes, backend=s.backend.name, framework=s.backend.label,
     )

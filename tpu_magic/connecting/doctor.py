@@ -32,6 +32,8 @@ class Runtime:
         tpu_vm: whether the machine shows TPU VM signs.
         gpu: whether the machine shows GPU device files.
         lock_holder: the process holding libtpu's lock file, e.g. "pid 4242 (python3)".
+        keras_by_us: tpu_magic itself chose Keras's backend in this process (an earlier
+            `%tpu_connect`), so no import of the user's fixed it.
     """
 
     env: Mapping[str, str] = field(default_factory=dict)
@@ -41,6 +43,7 @@ class Runtime:
     tpu_vm: bool = False
     gpu: bool = False
     lock_holder: str | None = None
+    keras_by_us: bool = False
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,13 @@ def diagnose(runtime: Runtime, backend: str | None = None, wants_tpu: bool = Fal
     found = []
     env, installed = runtime.env, runtime.installed
     wanted_keras = {"tf": "tensorflow", "jax": "jax"}.get(backend or "")
-    if runtime.keras_backend and wanted_keras and runtime.keras_backend != wanted_keras:
+    if runtime.keras_backend and wanted_keras and runtime.keras_backend != wanted_keras and \
+            runtime.keras_by_us:
+        found.append(Finding(
+            f"an earlier %tpu_connect in this process started Keras on {runtime.keras_backend} "
+            "(Keras fixes its backend when it is first imported)",
+            "restart the runtime to use another backend; run the %tpu_connect you want first"))
+    elif runtime.keras_backend and wanted_keras and runtime.keras_backend != wanted_keras:
         found.append(Finding(
             f"keras was imported with the {runtime.keras_backend} backend before %tpu_connect "
             "(Keras fixes its backend on import)",
@@ -96,7 +105,7 @@ def diagnose(runtime: Runtime, backend: str | None = None, wants_tpu: bool = Fal
             f"end that process (`kill {runtime.lock_holder.split()[1]}`, or shut down the "
             "other notebook's kernel), or restart the runtime"))
     if wants_tpu and not runtime.tpu_vm:
-        where = _notebook_service(env)
+        where = notebook_service(env)
         if where:
             found.append(Finding(
                 f"no TPU is attached to this {where} runtime",
@@ -115,7 +124,8 @@ def diagnose(runtime: Runtime, backend: str | None = None, wants_tpu: bool = Fal
     return tuple(found)
 
 
-def _notebook_service(env: Mapping[str, str]) -> str | None:
+def notebook_service(env: Mapping[str, str]) -> str | None:
+    """"Colab" or "Kaggle" where the environment says so, else None."""
     if "COLAB_RELEASE_TAG" in env or "COLAB_GPU" in env:
         return "Colab"
     if "KAGGLE_KERNEL_RUN_TYPE" in env or "KAGGLE_URL_BASE" in env:
@@ -127,13 +137,15 @@ def read_runtime(tpu_vm: bool, gpu: bool, env: Mapping[str, str] | None = None,
                  installed: Mapping[str, str] | None = None) -> Runtime:
     """This process's `Runtime` (imports nothing heavy); `installed` where already read."""
     from tpu_magic.backends import imported_keras_backend
+    from tpu_magic.core import process
     from tpu_magic.core.deps import installed_versions
 
     return Runtime(env=dict(os.environ if env is None else env),
                    installed=installed_versions() if installed is None else installed,
                    imported=frozenset(m for m in ("tensorflow", "jax", "keras") if m in sys.modules),
                    keras_backend=imported_keras_backend(), tpu_vm=tpu_vm, gpu=gpu,
-                   lock_holder=lock_holder())
+                   lock_holder=lock_holder(),
+                   keras_by_us="KERAS_BACKEND" in process.ENVIRONMENT_SET)
 
 
 def lock_holder(lock: str = LIBTPU_LOCK, proc: Path = Path("/proc")) -> str | None:

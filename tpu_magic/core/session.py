@@ -37,6 +37,13 @@ class Connection:
     devices: tuple[str, ...] = ()
 
     @property
+    def strategy_name(self) -> str:
+        """The strategy's name for people: its class, or "one device" for the framework's
+        default (TensorFlow's private `_DefaultDistributionStrategy`)."""
+        name = type(self.strategy).__name__
+        return "one device (no distribution)" if name.startswith("_") else name
+
+    @property
     def tpu_rules(self) -> bool:
         """Whether TPU batch advice applies (a real or a simulated TPU)."""
         return self.kind == "tpu" or self.simulated

@@ -70,7 +70,15 @@ class TpuMagics(Magics, Configurable):
     @line_magic
     @usage_errors
     def tpu_connect(self, line=""):
-        """Connect to the accelerator: TPU, GPU, CPU, or a simulated N-core TPU."""
+        """Connect to the accelerator: TPU, GPU, CPU, or a simulated N-core TPU.
+
+        Examples::
+
+            %tpu_connect                  # auto: a TPU VM, else a GPU, else the CPU; says why
+            %tpu_connect --simulate 8     # rehearse an 8-core TPU on the CPU
+            %tpu_connect local --check    # a TPU VM, with the device check
+            %tpu_connect grpc://10.0.0.2:8470 --timeout 20   # a TPU node, bounded
+        """
         from dataclasses import replace
 
         from tpu_magic.connecting.check import run_check
@@ -147,8 +155,14 @@ class TpuMagics(Magics, Configurable):
         from tpu_magic.notebook.quiet import quiet_native_logs, tensorflow_info_silenced
         from tpu_magic.core.session import session
 
+        from tpu_magic.training.sync_target import choose_model, copy_name
+
         workspace = self.workspace
         workspace.require_idle(action)  # a job would change the weights mid-copy
+        # What can be refused is refused before TensorFlow or Keras is imported.
+        name, _ = choose_model(self.shell.user_ns, model, workspace.last_model,
+                               workspace.last_model_name)
+        copy_name(name, as_name)
         quiet_native_logs()
         current = session()
         with tensorflow_info_silenced():
@@ -181,7 +195,21 @@ class TpuMagics(Magics, Configurable):
     @cell_magic
     @usage_errors
     def tpu_train(self, line, cell):
-        """Run the cell's Keras training on the connected accelerator."""
+        """Run the cell's Keras training on the connected accelerator.
+
+        `%%tpu_train` goes on the first line of the cell (two %); the cell below it runs
+        with the strategy in force, and its fit/evaluate/predict calls go through tpu_magic.
+
+        Examples::
+
+            %%tpu_train --epochs 5 --batch-size 1024
+            model = build_model()
+            model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
+            model.fit(x_train, y_train, validation_split=0.1)
+
+            %%tpu_train --checkpoint /content/drive/MyDrive/ckpt --resume
+            model.fit(x_train, y_train, epochs=50)
+        """
         from tpu_magic.connecting.connect import connect
         from tpu_magic.notebook.quiet import quiet_native_logs, tensorflow_info_silenced
         from tpu_magic.core.session import session
@@ -229,7 +257,9 @@ class TpuMagics(Magics, Configurable):
                 exec(compiled, self.shell.user_global_ns, self.shell.user_ns)
 
             try:
-                return training.run(execute, code)
+                report = training.run(execute, code)
+                self._leave_a_picture(report)
+                return report
             except KeyboardInterrupt as exc:
                 # Ctrl-C ended the cell as it ends any cell; the traceback ends at the cell's line.
                 raise exc.with_traceback(_ending_in(exc.__traceback__, filename)) from None
@@ -243,6 +273,29 @@ class TpuMagics(Magics, Configurable):
                         workspace.last_model_name, training.report.global_batch,
                         cannot_train=workspace.last_fit.cannot_repeat)
 
+    @line_magic("tpu_train")
+    def tpu_train_as_a_line(self, line=""):
+        """%%tpu_train is a cell magic: see its help below."""
+        raise UsageError("%%tpu_train is a cell magic: put `%%tpu_train [flags]` on the first "
+                         "line of the cell (two %), with the training code below it. Its flags "
+                         "and an example: %%tpu_train? (or %tpu_train?)")
+
+    def _leave_a_picture(self, report) -> None:
+        """A static loss chart in the cell's output when training ends (where a frontend
+        shows it): the live bar and panel are widgets, which a saved or exported notebook
+        shows as `VBox(children=…)`; this picture and the report's text stay."""
+        history = getattr(report.history, "history", None) or {}
+        series = {k: v for k, v in history.items() if k.endswith("loss") and len(v) > 1}
+        if not series or getattr(self.shell, "kernel", None) is None:
+            return
+        from IPython.display import SVG, display
+
+        from tpu_magic.notebook.lossplot import loss_svg
+
+        picture = loss_svg(series)
+        if picture:
+            display(SVG(picture))
+
     @magic_arguments()
     @argument("model", nargs="?", help="the model to copy (default: the model trained last)")
     @argument("--as", dest="as_name", metavar="NAME",
@@ -252,9 +305,44 @@ class TpuMagics(Magics, Configurable):
     @line_magic
     @usage_errors
     def tpu_sync(self, line=""):
-        """Copy the trained model to a CPU model (any batch size) with the trained weights."""
+        """Copy the trained model to a CPU model (any batch size) with the trained weights.
+
+        Examples::
+
+            %tpu_sync                               # model → model_cpu
+            %tpu_sync cnn --as cnn_small --save drive/cnn   # also writes drive/cnn.weights.h5
+        """
         args = _parse(self.tpu_sync, line)
         return self._sync(args.model, args.as_name, args.save)
+
+
+# `%tpu_train?` (one %) finds the line magic: it shows the cell magic's whole help.
+TpuMagics.tpu_train_as_a_line.__doc__ = TpuMagics.tpu_train.__doc__
+
+
+def _with_suggestion(magic, message: str) -> str:
+    """"unrecognized arguments: --batchsize 64" with "did you mean --batch-size?"."""
+    if not message.startswith("unrecognized arguments:"):
+        return message
+    import difflib
+
+    name = _typed(magic)
+    flags = sorted(magic.parser._option_string_actions)
+    hints = []
+    for token in message.split(":", 1)[1].split():
+        if token.startswith("-"):
+            near = difflib.get_close_matches(token.split("=")[0], flags, n=1, cutoff=0.6)
+            hints.append(f"{token}: did you mean {near[0]}?" if near else f"{token}: no such flag")
+    said = f"{name}: {message}" + (f" ({'; '.join(hints)})" if hints else "")
+    return said + f". See {name}? for every flag and an example."
+
+
+def _typed(magic) -> str:
+    """The magic as a user types it: %%tpu_train for a cell magic, %tpu_sync for a line one."""
+    import inspect
+
+    cell = "cell" in inspect.signature(magic).parameters
+    return ("%%" if cell else "%") + magic.__name__
 
 
 def _ending_in(traceback, filename: str):
@@ -283,13 +371,16 @@ def show_domain_errors(shell) -> None:
 
 
 def _parse(magic, line: str):
-    """`parse_argstring`, with unreadable quoting as a `UsageError` too (shlex raises ValueError)."""
+    """`parse_argstring`, with unreadable quoting as a `UsageError` too (shlex raises
+    ValueError), and the nearest flag suggested for an unknown one."""
     try:
         return parse_argstring(magic, line)
+    except UsageError as exc:
+        raise UsageError(_with_suggestion(magic, str(exc))) from None
     except ValueError as exc:
-        name = magic.__name__
-        raise UsageError(f"%{name} could not read its arguments ({exc}): {line!r}. Quote a value "
-                         f"that has spaces with matching quotes; see %{name}?") from None
+        name = _typed(magic)
+        raise UsageError(f"{name} could not read its arguments ({exc}): {line!r}. Quote a value "
+                         f"that has spaces with matching quotes; see {name}?") from None
 
 
 def _device_line(current) -> str:
@@ -299,7 +390,7 @@ def _device_line(current) -> str:
     from tpu_magic.connecting.check import device_view
 
     memory = device_view(current).memory
-    parts = [kind, f"{type(current.strategy).__name__}, {current.replicas} "
+    parts = [kind, f"{current.strategy_name}, {current.replicas} "
                    f"replica{'s' * (current.replicas != 1)}"]
     return " · ".join(parts + ([str(memory)] if memory else []))
 
@@ -318,7 +409,8 @@ def register(ipython) -> None:
 
 def unregister(ipython) -> None:
     manager = ipython.magics_manager
-    for kind, names in (("line", ("tpu_connect", "tpu_sync")), ("cell", ("tpu_train",))):
+    for kind, names in (("line", ("tpu_connect", "tpu_sync", "tpu_train")),
+                        ("cell", ("tpu_train",))):
         for name in names:
             manager.magics[kind].pop(name, None)
     manager.registry.pop("TpuMagics", None)

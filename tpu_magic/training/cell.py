@@ -99,7 +99,7 @@ class TrainingCell:
         self.say = say
         self.bar = bar
         self.view = view
-        self.report = TrainReport(strategy=type(connection.strategy).__name__,
+        self.report = TrainReport(strategy=connection.strategy_name,
                                   replicas=connection.replicas)
         self.last_model: Any = None
         self.last_fit: FitCall | None = None
@@ -126,7 +126,7 @@ class TrainingCell:
         if self.connection.replicas > 1 and hand_written_loop(cell):
             return self._run_on_one_device(execute, start)
         for done in rewrap_namespace(self.namespace, names_in(cell), self.connection):
-            line = done.summary(type(strategy).__name__, self.connection.replicas)
+            line = done.summary(self.connection.strategy_name, self.connection.replicas)
             self.report.rewrapped.extend(done.names)
             self.say(line)
         try:
@@ -349,6 +349,6 @@ def _interrupted(steps: int, ctrl_c: bool) -> str:
 
 def _unnamed(label: str, connection: Connection) -> RewrapError:
     return RewrapError(
-        f"model {label!r} was built outside {type(connection.strategy).__name__}, and this "
+        f"model {label!r} was built outside {connection.strategy_name}, and this "
         "cell reaches it without naming it. Name it in the cell (tpu_magic rebuilds the models "
         "a cell names) or build it inside the %%tpu_train cell.")

@@ -86,9 +86,11 @@ class TrainReport:
                          f"{self.epochs} epoch{'s' * (self.epochs != 1)}"
                          + (" — interrupted, weights kept" if self.interrupted else ""))
             if self.compile_seconds is not None:
-                xla = self.xla_compile.describe() if self.xla_compile is not None else None
-                lines.append(f"  compile (first step): {self.compile_seconds:.2f} s"
-                             + (f"; {xla}" if xla else ""))
+                lines.append(f"  first step (tracing, compiling, running it): "
+                             f"{self.compile_seconds:.2f} s")
+            xla = self.xla_compile.describe() if self.xla_compile is not None else None
+            if xla:  # over the whole fit: validation's and the last batch's programs too
+                lines.append(f"  {xla}, over the whole fit")
             if self.samples_per_second:
                 lines.append(f"  steady state: {self.samples_per_second:,.0f} samples/s")
             if self.utilization is not None:

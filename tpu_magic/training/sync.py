@@ -11,7 +11,6 @@ through both models reports the largest difference in predictions.
 from __future__ import annotations
 
 import copy
-import keyword
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,8 @@ from tpu_magic import backends
 from tpu_magic.core.errors import SyncError
 from tpu_magic.training.precision import float32_config
 from tpu_magic.training.rewrap import custom_objects_from, unbuildable
-from tpu_magic.core.variables import name_of, replica_weights
+from tpu_magic.core.variables import replica_weights
+from tpu_magic.training.sync_target import choose_model, copy_name
 
 WEIGHTS_SUFFIX = ".weights.h5"  # Keras 3 refuses any other ending for weights files
 PROBE_ROWS = 8
@@ -83,39 +83,6 @@ def _which(paths: tuple[str, ...]) -> str:
         return "BatchNorm moving statistics"
     shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
     return shown or "unnamed"
-
-
-def choose_model(namespace: Mapping[str, Any], name: str | None,
-                 last_model: Any = None, last_name: str | None = None) -> tuple[str, Any]:
-    """The model to sync: `name` from the namespace, else the one trained last.
-
-    Raises:
-        SyncError: nothing trained yet, an unknown name, or a name that is not a Keras model.
-    """
-    if name is None:
-        if last_model is None:
-            raise SyncError(
-                "nothing trained yet: run a %%tpu_train cell that calls fit, or name the model "
-                "to copy, e.g. `%tpu_sync model`"
-            )
-        return name_of(namespace, last_model, preferred=last_name) or "model", last_model
-    if name not in namespace:
-        raise SyncError(f"no variable named {name!r} in the notebook: name a Keras model, "
-                        "or leave MODEL out to copy the model trained last")
-    model = namespace[name]
-    if not isinstance(model, keras.Model):
-        raise SyncError(f"{name!r} is a {type(model).__name__}, not a Keras model: name the "
-                        "model to copy, e.g. `%tpu_sync model`")
-    return name, model
-
-
-def copy_name(name: str, as_name: str | None) -> str:
-    """The CPU copy's name: `as_name`, or `<name>_cpu`; a Python identifier either way."""
-    chosen = as_name or f"{name}_cpu"
-    if not chosen.isidentifier() or keyword.iskeyword(chosen):
-        raise SyncError(f"--as {chosen!r} is not a Python name: use letters, digits and "
-                        "underscores, e.g. --as model_cpu")
-    return chosen
 
 
 def weights_path(text: str) -> Path:

@@ -60,11 +60,12 @@ class Utilization:
                          + f"; {self.flops_per_sample / 1e6:,.3g} MFLOP a sample "
                            f"({self.source})")
         if self.input_share is not None:
-            verdict = ("input-bound: the data, not the device, sets the pace (cache, "
-                       "prefetch or simplify the input)" if self.input_bound
-                       else "not input-bound")
-            found.append(f"input: {100 * self.input_share:.0f} % of the step time "
-                         f"{self.input_how} — {verdict}")
+            found.append(
+                "input-bound: the data, not the device, sets the pace; cache, prefetch or "
+                "simplify the input pipeline" if self.input_bound else
+                f"not input-bound: the input needs {100 * self.input_share:.0f} % of a step")
+            found.append(f"  (input: {100 * self.input_share:.0f} % of the step time "
+                         f"{self.input_how})")
         return found
 
 

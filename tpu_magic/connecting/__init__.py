@@ -1,0 +1,1 @@
+"""The logic of %tpu_connect: backend and target, reachability, --check, the doctor."""

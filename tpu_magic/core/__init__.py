@@ -1,0 +1,1 @@
+"""The bottom layer: what every layer may use (see ARCHITECTURE.md)."""
