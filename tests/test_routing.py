@@ -28,7 +28,7 @@ def test_overlapping_cells_on_two_threads_restore_what_was_there():
     before = keras.Model.__dict__.get("fit")
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     first, second = Recording(), Recording()
-    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    second_in, first_out = threading.Event(), threading.Event()
     seen = {}
 
     def other_cell():
