@@ -42,6 +42,12 @@ def test_connect_uses_data_parallel_over_8_devices_and_no_tensorflow(ip):
     assert "tensorflow" not in sys.modules
     assert "Keras on JAX" in result.summary()
     assert "TensorFlow cannot be imported here and JAX can" in result.summary()
+    # a rehearsal never starts libtpu (whose stderr would land in the cell)
+    import os
+
+    from tpu_magic.core.process import ENVIRONMENT_SET
+
+    assert os.environ.get("JAX_PLATFORMS") == "cpu" and "JAX_PLATFORMS" in ENVIRONMENT_SET
 
 
 def test_the_device_check_measures_jax(ip):

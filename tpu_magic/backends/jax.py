@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import sys
+import tempfile
 from typing import Any, Callable, Iterator, Mapping
 
 from tpu_magic.backends import compile_cache as cache
@@ -21,7 +23,7 @@ from tpu_magic.core.devices import DeviceView, chip_named, device_name, host_mem
 from tpu_magic.core.deps import installed_versions
 from tpu_magic.core.errors import ConnectError, MissingDependencyError
 from tpu_magic.core.session import Connection
-from tpu_magic.core.target import Target
+from tpu_magic.core.target import Target, no_tpu_fix
 from tpu_magic.core.flops import counted_training_flops
 from tpu_magic.core.variables import variables_of
 
@@ -37,6 +39,33 @@ def require_jax() -> Any:
     except ImportError:
         raise MissingDependencyError(JAX_FIX) from None
     return jax
+
+
+@contextlib.contextmanager
+def _native_stderr_kept() -> Iterator[Callable[[], str]]:
+    """Catches what native code writes to the process's stderr (libtpu's "could not determine
+    TPU accelerator type", its source-location traces) in a file instead of the cell; yields
+    a function giving the last line it wrote, for an error message."""
+    caught = tempfile.TemporaryFile(mode="w+")
+    try:
+        saved = os.dup(2)
+    except OSError:  # no file descriptor 2 here: nothing to keep out
+        yield lambda: ""
+        return
+    sys.stderr.flush()
+    os.dup2(caught.fileno(), 2)
+
+    def last_line() -> str:
+        caught.seek(0)
+        lines = [line.strip() for line in caught.read().splitlines() if line.strip()]
+        return lines[-1] if lines else ""
+
+    try:
+        yield last_line
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def host_device_flags(flags: str, n: int) -> str:
@@ -138,6 +167,9 @@ class JaxBackend(Named):
             process.set_environment(
                 "XLA_FLAGS", host_device_flags(os.environ.get("XLA_FLAGS", ""), simulate),
                 "JAX splits the CPU into devices once, when its runtime starts")
+            if "jax" not in sys.modules:  # a rehearsal never starts libtpu (and its stderr)
+                process.set_environment("JAX_PLATFORMS", "cpu", "JAX picks its platforms once, "
+                                        "when it starts: --simulate rehearses on the CPU")
         jax = require_jax()
         import keras
 
@@ -152,16 +184,18 @@ class JaxBackend(Named):
         else:
             kind = chosen.kind
             try:
-                devices = jax.devices(kind)
+                with _native_stderr_kept() as said:  # libtpu's own lines stay out of the cell
+                    devices = jax.devices(kind)
             except RuntimeError as exc:
                 if kind == "gpu" and not explicit_gpu:  # auto saw GPU device files JAX cannot use
                     chosen = Target("cpu", None, f"{chosen.reason}, but JAX has no GPU backend "
                                                  "(`pip install \"jax[cuda12]\"`)", chosen.notes)
                     kind, devices = "cpu", jax.devices("cpu")
                 else:
-                    raise ConnectError(f"JAX finds no {kind.upper()} here ({exc}). "
-                                       + ("In Colab choose Runtime > Change runtime type > a TPU."
-                                          if kind == "tpu" else JAX_FIX)) from None
+                    first = str(exc).strip().splitlines()[0] if str(exc).strip() else said()
+                    raise ConnectError(f"JAX finds no {kind.upper()} here ({first}). "
+                                       + (no_tpu_fix(env) if kind == "tpu" else JAX_FIX)
+                                       ) from None
             if kind == "cpu":
                 devices = devices[:1]
             target = chosen.label

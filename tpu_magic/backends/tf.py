@@ -17,7 +17,7 @@ from tpu_magic.core.devices import DeviceView, chip_named, device_name, host_mem
 from tpu_magic.core.deps import require_tensorflow
 from tpu_magic.core.errors import ConnectError
 from tpu_magic.core.session import Connection
-from tpu_magic.core.target import NO_TPU_FIX, Target
+from tpu_magic.core.target import Target, no_tpu_fix
 from tpu_magic.core.flops import counted_training_flops
 from tpu_magic.core.variables import variables_of
 
@@ -106,7 +106,7 @@ class TensorFlowBackend(Named):
         if simulate is not None:
             return self._simulated(tf, simulate), chosen
         if chosen.kind == "tpu":
-            return self._tpu(tf, chosen), chosen
+            return self._tpu(tf, chosen, env), chosen
         if chosen.kind == "gpu":
             return self._gpu(tf, chosen, explicit_gpu)
         return self._connection(target="cpu", kind="cpu", replicas=1,
@@ -122,13 +122,13 @@ class TensorFlowBackend(Named):
                                 strategy=mirrored_strategy(tf, devices), simulated=True,
                                 devices=devices)
 
-    def _tpu(self, tf: Any, chosen: Target) -> Connection:
+    def _tpu(self, tf: Any, chosen: Target, env: Mapping[str, str]) -> Connection:
         address = chosen.address
         try:
             resolver = tpu_runtime.initialize(address)
         except tf.errors.NotFoundError as exc:
             if address == "local":
-                raise ConnectError(f"{NO_TPU_FIX} (TensorFlow said: {_said(exc)})") from None
+                raise ConnectError(f"{no_tpu_fix(env)} (TensorFlow said: {_said(exc)})") from None
             raise ConnectError(f"TPU {address} could not be initialised: {exc}") from None
         except ValueError as exc:
             raise ConnectError(f"TPU {address} could not be resolved: {exc}") from None

@@ -20,8 +20,8 @@ from tpu_magic.core.deps import installed_versions
 from tpu_magic.core.errors import AddressError, ConnectError, MissingDependencyError
 from tpu_magic.core import process
 from tpu_magic.core.session import Connection, session
-from tpu_magic.core.target import NO_TPU_FIX, MachineSigns, Target, parse_grpc_address, \
-    read_machine_signs, resolve_target
+from tpu_magic.core.target import MachineSigns, Target, parse_grpc_address, \
+    no_tpu_fix, read_machine_signs, resolve_target
 
 MAX_SIMULATED = 256
 
@@ -213,7 +213,7 @@ def check_target(
                 f"({time.monotonic() - start:.1f} s). Connect: %tpu_connect {chosen.address}")
     if chosen.kind == "tpu":
         if not signs.tpu_vm:
-            raise ConnectError(NO_TPU_FIX)
+            raise ConnectError(no_tpu_fix(os.environ if env is None else env))
         return "this is a TPU VM (local TPU found). Connect: %tpu_connect local"
     if chosen.kind == "gpu":
         if not signs.gpu_devices:

@@ -35,6 +35,19 @@ NO_TPU_FIX = (
 )
 
 
+def no_tpu_fix(env: Mapping[str, str]) -> str:
+    """`NO_TPU_FIX` with the platform's own menu first, where the environment names it."""
+    if "KAGGLE_KERNEL_RUN_TYPE" in env or "KAGGLE_URL_BASE" in env:
+        return ("No TPU is attached to this Kaggle session: Settings > Accelerator > TPU VM "
+                "v5e-8 (or v6e-8), then run the notebook again. To rehearse without a TPU: "
+                "`%tpu_connect --simulate 8`.")
+    if "COLAB_RELEASE_TAG" in env or "COLAB_GPU" in env:
+        return ("No TPU is attached to this Colab runtime: Runtime > Change runtime type > a "
+                "TPU, then run the notebook again. To rehearse without a TPU: "
+                "`%tpu_connect --simulate 8`.")
+    return NO_TPU_FIX
+
+
 @dataclass(frozen=True)
 class Target:
     """A validated connect target.
