@@ -336,3 +336,16 @@ class Fussy(keras.callbacks.Callback):
     status = html.unescape(panel.status.value)
     assert "ValueError: the callback's own complaint" in status
     assert 'raise ValueError("the callback\'s own complaint")' in status
+
+
+def test_training_leaves_a_static_loss_chart_in_the_cells_output(panel_ip, monkeypatch):
+    """A saved or exported notebook shows widgets as `VBox(children=…)`; the chart stays."""
+    from IPython.utils.capture import capture_output
+
+    monkeypatch.setattr(panel_ip, "kernel", object(), raising=False)  # a frontend is there
+    with capture_output() as shown:
+        train(panel_ip, DENSE + "model.fit(x[:256], y[:256], batch_size=64, epochs=3, "
+                                "validation_split=0.25)")
+    charts = [o.data["image/svg+xml"] for o in shown.outputs if "image/svg+xml" in o.data]
+    assert len(charts) == 1 and "polyline" in charts[0]
+    assert "loss" in charts[0] and "val_loss" in charts[0]

@@ -1,0 +1,28 @@
+"""The headless notebook runner's noise rule: framework log lines in a cell's output fail
+the run (CI runs every example notebook through it)."""
+
+import importlib.util
+from pathlib import Path
+
+spec = importlib.util.spec_from_file_location(
+    "run_notebook", Path(__file__).resolve().parents[2] / "examples" / "run_notebook.py")
+
+
+def noise():
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.NOISE
+
+
+def test_framework_log_lines_count_as_noise_and_the_users_lines_do_not():
+    rule = noise()
+    for line in ["WARNING: All log messages before absl::InitializeLog() is called are "
+                 "written to STDERR",
+                 "I0000 00:00:1795462816.320549    3493 cpu_feature_guard.cc:227] This "
+                 "TensorFlow binary is optimized to use available CPU instructions",
+                 "oneDNN custom operations are on. You may see slightly different numerical "
+                 "results",
+                 "W1123 20:01:02.123456  1234 some_file.cc:12] a warning"]:
+        assert rule.search(line), line
+    for line in ["Epoch 1/2", "loss 0.25, I0000 is my run's name", "accuracy: 0.97"]:
+        assert not rule.search(line), line
