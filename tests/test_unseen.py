@@ -393,3 +393,202 @@ for epoch in range(2):
     same_weights(plain, ours)
     assert any("its own tf.GradientTape loop, so it runs as a plain cell on one device" in n
                for n in report.notes)
+
+
+# -- more of the kinds of code people publish, side by side with one device ------------------
+
+# examples/nlp/bidirectional_lstm_imdb.py-like with mask_zero: padded word sequences whose
+# zeros are masked in the LSTM; 203 reviews, a partial last batch.
+def test_masking_with_mask_zero(sim8):
+    plain, ours, _ = both(sim8, """
+words = np.random.randint(1, 200, (203, 20))
+for i in range(203):
+    words[i, np.random.randint(5, 20):] = 0  # padded tails
+labels = np.random.randint(0, 2, 203).astype("float32")
+""", """
+model = keras.Sequential([keras.Input((20,), dtype="int32"),
+                          keras.layers.Embedding(200, 8, mask_zero=True),
+                          keras.layers.LSTM(8), keras.layers.Dense(1, activation="sigmoid")])
+model.compile(keras.optimizers.SGD(0.0), "binary_crossentropy", metrics=["accuracy"])
+history = model.fit(words, labels, batch_size=32, epochs=1, shuffle=False, verbose=0)
+evaluation = model.evaluate(words, labels, return_dict=True, verbose=0)
+""")
+    same_history(plain, ours)
+    for key, value in plain["evaluation"].items():
+        assert ours["evaluation"][key] == pytest.approx(value, **TOLERANCE), key
+
+
+# guides/preprocessing_layers.py: Normalization adapted on the data, inside the model.
+def test_an_adapted_normalization_layer_inside_the_model(sim8):
+    plain, ours, _ = both(sim8, REGRESSION_DATA + "x = x * 10 + 3\n", """
+norm = keras.layers.Normalization()
+norm.adapt(x)
+model = keras.Sequential([keras.Input((32,)), norm, keras.layers.Dense(1)])
+model.compile(keras.optimizers.SGD(0.01), "mse")
+history = model.fit(x[:250], y[:250], batch_size=64, epochs=2, shuffle=False, verbose=0)
+""")
+    same_history(plain, ours)
+    same_weights(plain, ours)
+
+
+# guides/training_with_built_in_methods.py: two outputs with loss weights and metrics each.
+def test_two_outputs_with_loss_weights_and_metrics(sim8):
+    plain, ours, _ = both(sim8, REGRESSION_DATA + "classes = np.random.randint(0, 3, 256)\n", """
+inputs = keras.Input((32,))
+hidden = keras.layers.Dense(16, activation="relu")(inputs)
+score = keras.layers.Dense(1, name="score")(hidden)
+kind = keras.layers.Dense(3, activation="softmax", name="kind")(hidden)
+model = keras.Model(inputs, [score, kind])
+model.compile(keras.optimizers.SGD(0.0), loss=["mse", "sparse_categorical_crossentropy"],
+              loss_weights=[1.0, 0.2], metrics=[["mae"], ["accuracy"]])
+history = model.fit(x[:250], [y[:250], classes[:250]], batch_size=64, epochs=1,
+                    shuffle=False, verbose=0)
+evaluation = model.evaluate(x[:250], [y[:250], classes[:250]], batch_size=256,
+                            return_dict=True, verbose=0)
+""")
+    assert sorted(ours["history"].history) == sorted(plain["history"].history)
+    for key in ("loss", "score_mae", "kind_accuracy"):
+        assert ours["history"].history[key] == pytest.approx(plain["history"].history[key],
+                                                             **TOLERANCE), key
+    for key, value in plain["evaluation"].items():
+        assert ours["evaluation"][key] == pytest.approx(value, **TOLERANCE), key
+
+
+# guides/serialization_and_saving.py: save the trained model as .keras, load it in a later
+# cell, keep training it there through the magic.
+def test_save_load_and_train_on(sim8, tmp_path):
+    path = tmp_path / "model.keras"
+    plain, ours, _ = both(sim8, REGRESSION_DATA + f"path = {str(path)!r}\n", """
+model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(8, activation="relu"),
+                          keras.layers.Dense(1)])
+model.compile(keras.optimizers.SGD(0.05), "mse")
+model.fit(x, y, batch_size=64, epochs=1, shuffle=False, verbose=0)
+model.save(path)
+loaded = keras.models.load_model(path)
+history = loaded.fit(x, y, batch_size=64, epochs=1, shuffle=False, verbose=0)
+rows = loaded.predict(x[:5], verbose=0)
+""")
+    same_history(plain, ours)
+    np.testing.assert_allclose(ours["rows"], plain["rows"], atol=1e-5)
+
+
+# guides/training_with_built_in_methods.py: a learning-rate schedule and EarlyStopping with
+# restore_best_weights, on validation data.
+def test_a_schedule_and_early_stopping_restoring_the_best_weights(sim8):
+    plain, ours, _ = both(sim8, REGRESSION_DATA, """
+schedule = keras.optimizers.schedules.ExponentialDecay(0.5, decay_steps=4, decay_rate=0.5)
+model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(1)])
+model.compile(keras.optimizers.SGD(schedule), "mse")
+stop = keras.callbacks.EarlyStopping(patience=1, restore_best_weights=True)
+history = model.fit(x[:192], y[:192], batch_size=64, epochs=6, shuffle=False, verbose=0,
+                    validation_data=(x[192:], y[192:]), callbacks=[stop])
+""")
+    same_history(plain, ours)
+    same_weights(plain, ours)
+
+
+# examples/timeseries/timeseries_classification_from_scratch.py-like: Conv1D over time with
+# GlobalAveragePooling, a custom metric class.
+def test_conv1d_timeseries_with_a_custom_metric(sim8):
+    plain, ours, _ = both(sim8, """
+series = np.random.rand(203, 50, 1).astype("float32")
+labels = np.random.randint(0, 2, 203)
+
+class Share(keras.metrics.Mean):
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        hit = keras.ops.cast(keras.ops.cast(keras.ops.argmax(y_pred, -1), "int32") == keras.ops.cast(
+            keras.ops.reshape(y_true, (-1,)), "int32"), "float32")
+        return super().update_state(hit, sample_weight)
+""", """
+model = keras.Sequential([keras.Input((50, 1)), keras.layers.Conv1D(8, 3, activation="relu"),
+                          keras.layers.GlobalAveragePooling1D(),
+                          keras.layers.Dense(2, activation="softmax")])
+model.compile(keras.optimizers.SGD(0.0), "sparse_categorical_crossentropy",
+              metrics=[Share(name="share")])
+history = model.fit(series, labels, batch_size=32, epochs=1, shuffle=False, verbose=0)
+""")
+    same_history(plain, ours)
+
+
+# examples/nlp/lstm_seq2seq-like outputs: return_sequences with TimeDistributed and
+# per-timestep sample weights.
+def test_per_timestep_outputs_with_sequence_sample_weights(sim8):
+    plain, ours, _ = both(sim8, """
+steps = np.random.rand(203, 6, 4).astype("float32")
+targets = np.random.rand(203, 6, 2).astype("float32")
+weights = np.random.rand(203, 6).astype("float32")
+""", """
+model = keras.Sequential([keras.Input((6, 4)), keras.layers.GRU(8, return_sequences=True),
+                          keras.layers.TimeDistributed(keras.layers.Dense(2))])
+model.compile(keras.optimizers.SGD(0.0), "mse", weighted_metrics=["mae"])
+history = model.fit(steps, targets, sample_weight=weights, batch_size=32, epochs=1,
+                    shuffle=False, verbose=0)
+""")
+    same_history(plain, ours)
+
+
+# guides/functional_api.py: inputs by name, a dict of arrays.
+def test_named_inputs_as_a_dict(sim8):
+    plain, ours, _ = both(sim8, REGRESSION_DATA + "meta = np.random.rand(256, 3).astype('float32')\n", """
+features = keras.Input((32,), name="features")
+extra = keras.Input((3,), name="meta")
+merged = keras.layers.concatenate([features, extra])
+model = keras.Model({"features": features, "meta": extra}, keras.layers.Dense(1)(merged))
+model.compile(keras.optimizers.SGD(0.05), "mse")
+history = model.fit({"features": x[:250], "meta": meta[:250]}, y[:250], batch_size=64,
+                    epochs=2, shuffle=False, verbose=0)
+rows = model.predict({"features": x[:3], "meta": meta[:3]}, verbose=0)
+""")
+    same_history(plain, ours)
+    assert ours["rows"].shape == (3, 1)
+    np.testing.assert_allclose(ours["rows"], plain["rows"], atol=1e-5)
+
+
+# guides/training_with_built_in_methods.py: class weights on an imbalanced binary problem.
+def test_class_weight_on_imbalanced_labels(sim8):
+    plain, ours, _ = both(sim8, REGRESSION_DATA + "labels = (np.random.rand(256) < 0.1).astype('float32')\n", """
+model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(1, activation="sigmoid")])
+model.compile(keras.optimizers.SGD(0.05), "binary_crossentropy",
+              weighted_metrics=["accuracy"])
+history = model.fit(x[:250], labels[:250], batch_size=64, epochs=2, shuffle=False,
+                    class_weight={0: 1.0, 1: 9.0}, verbose=0)
+""")
+    same_history(plain, ours)
+    same_weights(plain, ours)
+
+
+# guides/writing_your_own_callbacks.py: a callback that reads logs and the model's weights
+# each epoch (what a user's own logging does).
+def test_a_users_callback_sees_the_same_logs(sim8):
+    plain, ours, _ = both(sim8, REGRESSION_DATA + """
+class Record(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+    def on_epoch_end(self, epoch, logs=None):
+        self.seen.append((epoch, round(float(logs["loss"]), 5),
+                          float(np.abs(self.model.get_weights()[0]).sum())))
+""", """
+record = Record()
+model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(1)])
+model.compile(keras.optimizers.SGD(0.05), "mse")
+history = model.fit(x[:250], y[:250], batch_size=64, epochs=2, shuffle=False, verbose=0,
+                    callbacks=[record])
+""")
+    for (e1, l1, w1), (e2, l2, w2) in zip(plain["record"].seen, ours["record"].seen):
+        assert e1 == e2 and l1 == pytest.approx(l2, **TOLERANCE) and w1 == pytest.approx(w2, rel=1e-5)
+
+
+# guides/understanding_masking_and_padding.py / examples with Dropout: a model that
+# behaves differently in training, evaluated the same way as its CPU copy.
+def test_dropout_model_evaluates_as_its_cpu_copy(sim8):
+    from test_published import evaluate_equals_cpu_copy
+
+    sim8.run_cell(IMPORTS + REGRESSION_DATA)
+    sim8.run_cell_magic("tpu_train", "--no-progress", """
+model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(16, activation="relu"),
+                          keras.layers.Dropout(0.5), keras.layers.Dense(1)])
+model.compile("adam", "mse", metrics=["mae"])
+model.fit(x, y, batch_size=32, epochs=2, verbose=0)
+""")
+    evaluate_equals_cpu_copy(sim8, "model", "x[:203]", "y[:203]")

@@ -95,9 +95,19 @@ def shaped(weight: Any, like: Any) -> Any:
 
     Keras's losses broadcast a sample weight only when ranks differ by one with a last
     dimension of 1; a per-timestep loss (B, T) against a (B,) weight would not broadcast.
+    A weight of more dimensions (per-timestep weights, (B, T)) is the user's own shape, which
+    Keras takes as it is.
     """
     rank = len(like.shape)
-    return ops.reshape(weight, (-1,) + (1,) * (rank - 1)) if rank > 1 else weight
+    if len(weight.shape) != 1 or rank <= 1:
+        return weight
+    return ops.reshape(weight, (-1,) + (1,) * (rank - 1))
+
+
+def _by_row(per_row: Any, weight: Any) -> Any:
+    """A per-row value (B,) shaped to multiply a weight of any rank ((B,) or (B, T, ...))."""
+    extra = len(weight.shape) - 1
+    return ops.reshape(per_row, (-1,) + (1,) * extra) if extra > 0 else per_row
 
 
 def _per_output(weight: Any, y: Any) -> Any:
@@ -126,8 +136,8 @@ def enable(model: Any) -> bool:
         # This step's (replica's) rows times the batch's real share: its real samples' worth.
         object.__setattr__(model, _REAL_NOW,
                            ops.cast(ops.shape(real)[0], "float32") * ops.mean(real))
-        weight = ops.cast(sample_weight[MASK], "float32") * ops.cast(
-            sample_weight[WEIGHT], "float32") / real
+        users = ops.cast(sample_weight[WEIGHT], "float32")  # (B,) or per timestep (B, T)
+        weight = _by_row(ops.cast(sample_weight[MASK], "float32") / real, users) * users
         return original_loss(x, y, y_pred, _per_output(weight, y), training=training)
 
     object.__setattr__(model, "compute_loss", compute_loss)
@@ -184,7 +194,8 @@ def _mask_metrics(compiled_metrics: Any) -> None:
         if not compiled_metrics.built:
             compiled_metrics.build(y_true, y_pred)
         mask = ops.cast(sample_weight[MASK], "float32")
-        weighted = mask * ops.cast(sample_weight[WEIGHT], "float32")
+        users = ops.cast(sample_weight[WEIGHT], "float32")
+        weighted = _by_row(mask, users) * users
         truths = compiled_metrics._flatten_y(y_true)
         predictions = compiled_metrics._flatten_y(y_pred)
         for group, weight in ((compiled_metrics._flat_metrics, mask),
