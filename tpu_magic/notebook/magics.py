@@ -285,7 +285,7 @@ class TpuMagics(Magics, Configurable):
         shows it): the live bar and panel are widgets, which a saved or exported notebook
         shows as `VBox(children=…)`; this picture and the report's text stay."""
         history = getattr(report.history, "history", None) or {}
-        series = {k: v for k, v in history.items() if k.endswith("loss") and len(v) > 1}
+        series = {k: v for k, v in history.items() if k.endswith("loss") and v}
         if not series or getattr(self.shell, "kernel", None) is None:
             return
         from IPython.display import SVG, display
