@@ -90,11 +90,12 @@ PY
     # where TensorFlow cannot be imported (tests/without_tensorflow) and auto takes JAX.
     setup
     shift
-    "$VENV/bin/python" examples/run_notebook.py examples/*.ipynb \
+    # The executed notebooks, with their outputs, go to executed/tensorflow and executed/jax.
+    "$VENV/bin/python" examples/run_notebook.py examples/*.ipynb --save executed/tensorflow \
       -p 'CONNECT="--simulate 8"' -p OFFLINE=True -p SAMPLES=512 -p EPOCHS=1 "$@"
-    echo "dev.sh: the same notebooks with TensorFlow blocked (Keras on JAX, no backend named)"
+    say "the same notebooks with TensorFlow blocked (Keras on JAX, no backend named)"
     PYTHONPATH=tests/without_tensorflow \
-      "$VENV/bin/python" examples/run_notebook.py examples/*.ipynb \
+      "$VENV/bin/python" examples/run_notebook.py examples/*.ipynb --save executed/jax \
       -p 'CONNECT="--simulate 8"' -p OFFLINE=True -p SAMPLES=512 -p EPOCHS=1 "$@"
     ;;
   test)
