@@ -229,3 +229,17 @@ def test_a_mistyped_flag_gets_the_nearest_one(sim8, magic, line, hint):
             sim8.run_line_magic(magic, line)
     assert hint in str(error.value) and "for every flag and an example" in str(error.value)
     assert "ran" not in sim8.user_ns
+
+
+@pytest.mark.parametrize("line, words", [
+    ("--shard model", "--shard model needs Keras on JAX: .*`%tpu_connect --backend jax`"),
+    ("--mesh 2x4", "--shard model needs Keras on JAX"),
+    ("--shard model --mesh 3x3", "3×3 is not the 8 devices here; use one of 8x1, 4x2, 2x4, 1x8"),
+    ("--shard data --mesh 2x4", "--mesh 2x4 lays out the model over its columns"),
+    ("--shard pipeline", "--shard 'pipeline': use data"),
+])
+def test_shard_flags_on_tensorflow_are_refused_before_the_cell_runs(sim8, line, words):
+    sim8.user_ns.pop("ran", None)
+    with pytest.raises(UsageError, match=words):
+        sim8.run_cell_magic("tpu_train", line, "ran = True")
+    assert "ran" not in sim8.user_ns

@@ -9,6 +9,7 @@ JAX reads once, when it first starts.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import sys
@@ -25,6 +26,7 @@ from tpu_magic.core.errors import ConnectError, MissingDependencyError
 from tpu_magic.core.session import Connection
 from tpu_magic.core.target import Target, no_tpu_fix
 from tpu_magic.core.flops import counted_training_flops
+from tpu_magic.core.layouts import VariableShard, derived_spec
 from tpu_magic.core.variables import variables_of
 
 JAX_FIX = ("JAX is not installed: `pip install \"tpu_magic[jax]\"` (CPU), `pip install "
@@ -39,6 +41,29 @@ def require_jax() -> Any:
     except ImportError:
         raise MissingDependencyError(JAX_FIX) from None
     return jax
+
+
+def _model_parallel_class() -> type:
+    """Keras's `ModelParallel` that lays out what the layout map does not name from the
+    variable's shape (`derived_spec`), so a model with no layout map of its own is sharded."""
+    import keras
+
+    TensorLayout = keras.distribution.TensorLayout
+    jnp = require_jax().numpy
+
+    class DerivedModelParallel(keras.distribution.ModelParallel):
+        def get_variable_layout(self, variable):
+            if getattr(variable, "_layout", None) is not None:
+                return variable._layout
+            mapped = self._layout_map[variable.path]
+            if mapped is not None:
+                return mapped
+            columns = self.device_mesh.shape[self.device_mesh.axis_names.index("model")]
+            itemsize = jnp.dtype(variable.dtype).itemsize
+            return TensorLayout(derived_spec(tuple(variable.shape), itemsize, columns),
+                                self.device_mesh)
+
+    return DerivedModelParallel
 
 
 @contextlib.contextmanager
@@ -247,6 +272,29 @@ class JaxBackend(Named):
         # Keras on JAX computes a step over the global batch (sharded arrays): its losses
         # and gradients are one device's already.
         return contextlib.nullcontext()
+
+    def model_parallel(self, connection: Connection, rows: int, columns: int) -> Connection:
+        import keras
+
+        devices = list(connection.strategy.device_mesh.devices.flatten())
+        mesh = keras.distribution.DeviceMesh((rows, columns), ["batch", "model"], devices)
+        distribution = _model_parallel_class()(
+            layout_map=keras.distribution.LayoutMap(mesh), batch_dim_name="batch")
+        return dataclasses.replace(connection, strategy=distribution, replicas=rows)
+
+    def shard_rows(self, model: Any) -> list[VariableShard]:
+        rows = []
+        for variable in model.weights:
+            value = getattr(variable, "value", variable)
+            sharding = getattr(value, "sharding", None)
+            spec = tuple(getattr(sharding, "spec", ()) or ())
+            spec = tuple(s if isinstance(s, str) or s is None else "+".join(s) for s in spec)
+            spec = spec + (None,) * (len(variable.shape) - len(spec))
+            shards = getattr(value, "addressable_shards", None)
+            per_device = shards[0].data.nbytes if shards else int(value.nbytes)
+            rows.append(VariableShard(variable.path, tuple(variable.shape), spec, per_device,
+                                      int(value.nbytes)))
+        return rows
 
     def compile_counts(self) -> cache.CompileCounts | None:
         return cache.counts()

@@ -92,6 +92,19 @@ class Backend(Protocol):
         those of its own batch, as on one device, its optimizers average the replicas'
         gradients, and every optimizer it holds is built before the first step."""
 
+    def model_parallel(self, connection: "Connection", rows: int, columns: int) -> "Connection":
+        """The connection for a cell that lays the model out over a `rows` × `columns` mesh
+        of the connection's devices (data × model), a variable's layout from the model's
+        own layout map, else from its shape (`core.layouts.derived_spec`).
+
+        Raises:
+            ShardError: this backend has no model parallelism.
+        """
+
+    def shard_rows(self, model: Any) -> list:
+        """Each of the model's variables as a `core.layouts.VariableShard`: its layout on the
+        mesh and its bytes on one device."""
+
     def compile_counts(self) -> "CompileCounts | None":
         """Programs compiled and loaded from the persistent cache so far (None: not known)."""
 

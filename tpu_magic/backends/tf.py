@@ -15,7 +15,7 @@ from tpu_magic.core import process
 from tpu_magic.core.devices import DeviceView, chip_named, device_name, host_memory, memory_of, \
     runs_per_second
 from tpu_magic.core.deps import require_tensorflow
-from tpu_magic.core.errors import ConnectError
+from tpu_magic.core.errors import ConnectError, ShardError
 from tpu_magic.core.session import Connection
 from tpu_magic.core.target import Target, no_tpu_fix
 from tpu_magic.core.flops import counted_training_flops
@@ -260,6 +260,16 @@ class TensorFlowBackend(Named):
         finally:
             loss_module.scale_loss_for_distribution = scale
             loss_module.unscale_loss_for_distribution = unscale
+
+    def model_parallel(self, connection: Connection, rows: int, columns: int) -> Connection:
+        raise ShardError(
+            "--shard model needs Keras on JAX: Keras's model parallelism "
+            "(keras.distribution.ModelParallel) exists only there. Restart the runtime and run "
+            "`%tpu_connect --backend jax` (add `--simulate 8` to rehearse on the CPU) before "
+            "anything imports keras.")
+
+    def shard_rows(self, model: Any) -> list:
+        return []
 
     def compile_counts(self) -> None:
         return None  # TensorFlow keeps no persistent compilation cache for Keras's steps

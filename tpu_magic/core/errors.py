@@ -53,3 +53,7 @@ class BusyError(TpuMagicError):
 
 class PrecisionError(TpuMagicError):
     """A --precision value that is not one of the known ones."""
+
+
+class ShardError(TpuMagicError):
+    """A --shard or --mesh that cannot be used on this connection."""

@@ -39,6 +39,8 @@ class TpuMagics(Magics, Configurable):
     precision = Unicode("", help="Default --precision of %%tpu_train: auto, bf16, mixed_bf16, "
                                  "fp16 or fp32 ('': the Keras dtype policy as it is)."
                         ).tag(config=True)
+    shard = Unicode("", help="Default --shard of %%tpu_train: data or model ('': data)."
+                    ).tag(config=True)
 
     def __init__(self, shell):
         Configurable.__init__(self, config=shell.config)
@@ -191,6 +193,11 @@ class TpuMagics(Magics, Configurable):
               help="dtype policy for models built in the cell (auto: mixed bfloat16 on TPUs "
                    "and bf16 GPUs, mixed float16 on older GPUs, float32 on CPUs; default "
                    "TpuMagics.precision, else Keras's policy as it is)")
+    @argument("--shard", metavar="data|model",
+              help="data: replicate the model, split the batch (default); model (JAX): also "
+                   "split the model's large variables over the devices (default TpuMagics.shard)")
+    @argument("--mesh", metavar="BxM",
+              help="with --shard model: B data rows by M model columns (default 1x<devices>)")
     @argument("--no-progress", action="store_true", help="no progress bar")
     @cell_magic
     @usage_errors
@@ -239,6 +246,7 @@ class TpuMagics(Magics, Configurable):
                                    progress=not args.no_progress, checkpoint=args.checkpoint,
                                    keep=2 if args.keep is None else args.keep,
                                    resume=args.resume,
+                                   shard=args.shard or self.shard or None, mesh=args.mesh,
                                    precision=(args.precision if args.precision is not None
                                               else self.precision or None),
                                    measured_tflops=(workspace.check.measured_tflops

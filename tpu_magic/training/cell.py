@@ -21,7 +21,7 @@ from tpu_magic.core.batching import BatchPlan, plan_batches
 from tpu_magic.core.errors import CheckpointError, RewrapError
 from tpu_magic.core.session import Connection
 from tpu_magic.core.variables import name_of
-from tpu_magic.training import checkpoints, planning, precision, routing, utilization
+from tpu_magic.training import checkpoints, planning, precision, routing, sharding, utilization
 from tpu_magic.training.agreement import ReplicasAgree
 from tpu_magic.training.cell_code import hand_written_loop, names_in
 from tpu_magic.training.inputs import Inputs
@@ -72,6 +72,8 @@ class TrainOptions:
     keep: int = 2
     resume: bool = False
     precision: str | None = None  # --precision; None: the Keras dtype policy as it is
+    shard: str | None = None  # --shard data|model (None: data)
+    mesh: str | None = None  # --mesh BxM
     measured_tflops: float | None = None  # one device's matmul TFLOP/s from --check, if it ran
 
 
@@ -93,6 +95,8 @@ class TrainingCell:
     def __init__(self, connection: Connection, options: TrainOptions,
                  namespace: MutableMapping[str, Any], say: Callable[[str], None] = print,
                  bar: Any = None, view: TrainingView | None = None):
+        # --shard model: the cell trains on a mesh (data rows, model columns) of the devices
+        connection, self.mesh = sharding.connection_for(connection, options.shard, options.mesh)
         self.connection = connection
         self.options = options
         self.namespace = namespace
@@ -108,7 +112,7 @@ class TrainingCell:
                              lambda model: self._name_of(model) or model.name)
         self.checkpoints: checkpoints.CellCheckpoints | None = None  # --checkpoint
         self.precision: precision.Precision | None = None
-        self._counted: dict[int, tuple[float, str] | None] = {}  # id(model) → its FLOPs
+        self.flops = utilization.FlopCounts(connection.backend)
 
     def run(self, execute: Callable[[], Any], cell: str) -> TrainReport:
         """Rewraps the models the cell names, then runs it with the strategy in force."""
@@ -136,6 +140,11 @@ class TrainingCell:
             self.report.seconds = time.perf_counter() - start
             self.report.model_name = self._name_of(self.last_model)
             self._adopt_namespace()
+            if self.mesh is not None and self.last_model is not None:
+                self.report.sharding, notes = sharding.of_model(self.connection,
+                                                                self.last_model, self.mesh)
+                for note in notes:
+                    self._note(note, "warning: ")
         return self.report
 
     def _run_on_one_device(self, execute: Callable[[], Any], start: float) -> TrainReport:
@@ -216,13 +225,6 @@ class TrainingCell:
                             self.precision, self._name_of(model) or model.name):
             self._note(note)
 
-    def _flops(self, model: Any) -> float | None:
-        """Training FLOPs of one sample (once per model and cell), where they can be told."""
-        if id(model) not in self._counted:
-            self._counted[id(model)] = self.connection.backend.training_flops(model)
-        counted = self._counted[id(model)]
-        return None if counted is None else counted[0]
-
     def _name_of(self, model: Any) -> str | None:
         return name_of(self.namespace, model)
 
@@ -246,7 +248,7 @@ class TrainingCell:
                 self.report.resumed_from = str(resume_from.path)
                 seed, call["initial_epoch"] = resume_from.seed, resume_from.epoch
         batch = self.inputs.for_fit(model, call, plan, seed)
-        timing = FitTiming(global_batch=batch, flops_per_sample=self._flops(model))
+        timing = FitTiming(global_batch=batch, flops_per_sample=self.flops.per_sample(model))
         progress = FitProgress(timing, bar=self.bar if self.options.progress else None,
                                view=self.view)
         saver = (self.checkpoints.callback(seed, self.connection, resume_from)
@@ -272,7 +274,7 @@ class TrainingCell:
         self.report.add_fit(plan, timing, history, interrupted)
         self.last_model, self.last_fit = model, recorded
         self.report.utilization = utilization.of_fit(
-            self.connection, self._counted.get(id(model)), timing.samples_per_second,
+            self.connection, self.flops.counted(model), timing.samples_per_second,
             timing.steady_seconds / timing.steady_steps if timing.steady_steps else None,
             call["x"], self.options.measured_tflops)
         if compiled_before is not None:

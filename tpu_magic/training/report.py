@@ -28,6 +28,7 @@ class TrainReport:
         checkpoints: the checkpoint files written (--checkpoint), oldest first.
         resumed_from: the checkpoint training continued from (--resume).
         precision: the dtype policy `--precision` put in force, and why.
+        sharding: under `--shard model`, the mesh and where the largest variables live.
         utilization: the last `fit`'s FLOPs, achieved TFLOP/s against the peaks, and the
             input's share of a step.
         xla_compile: on the JAX backend, the last `fit`'s XLA compilations: programs from
@@ -60,6 +61,7 @@ class TrainReport:
     left_out: dict[str, int] = field(default_factory=dict)
     xla_compile: Any = None  # a `compile_cache.CompileCounts`
     precision: str | None = None
+    sharding: list[str] = field(default_factory=list)  # --shard model: the table
     utilization: Any = None  # a `utilization.Utilization` of the last fit
     seconds: float = 0.0
 
@@ -81,6 +83,7 @@ class TrainReport:
                  + f", {self.seconds:.1f} s"]
         if self.precision:
             lines.append(f"  precision: {self.precision}")
+        lines += [f"  {line}" for line in self.sharding]
         if self.fits:
             lines.append(f"  batch {self.global_batch} ({self.per_replica} per replica), "
                          f"{self.epochs} epoch{'s' * (self.epochs != 1)}"

@@ -145,3 +145,21 @@ def of_fit(connection: Any, counted: tuple[float, str] | None, samples_per_secon
                          if measured_tflops else None),
         input_share=wait[0] if wait else None, input_how=wait[1] if wait else "",
         input_bound=bool(wait and wait[2]))
+
+
+class FlopCounts:
+    """Training FLOPs of one sample per model, asked of the backend once per cell."""
+
+    def __init__(self, backend: Any):
+        self.backend = backend
+        self._found: dict[int, tuple[float, str] | None] = {}  # id(model) → (FLOPs, source)
+
+    def counted(self, model: Any) -> tuple[float, str] | None:
+        """(FLOPs, where the count comes from), None where it cannot be told."""
+        if id(model) not in self._found:
+            self._found[id(model)] = self.backend.training_flops(model)
+        return self._found[id(model)]
+
+    def per_sample(self, model: Any) -> float | None:
+        counted = self.counted(model)
+        return None if counted is None else counted[0]
