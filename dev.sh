@@ -8,7 +8,8 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV=${TPU_MAGIC_VENV:-.venv}
-WHEEL_VENV=${TPU_MAGIC_WHEEL_VENV:-.venv-wheel}
+WHEEL_VENV=$(pwd)/${TPU_MAGIC_WHEEL_VENV:-.venv-wheel}
+HERE=$(pwd)
 
 say() { echo "dev.sh: $*"; }
 
@@ -64,7 +65,7 @@ case "${1:-}" in
     say "building the wheel and the sdist (python -m build)"
     "$VENV/bin/python" -m pip install -q --disable-pip-version-check build
     "$VENV/bin/python" -m build -q --outdir dist . > /dev/null
-    wheel=$(ls dist/tpu_magic-*.whl)
+    wheel=$HERE/$(ls dist/tpu_magic-*.whl)
     say "installing $wheel[jax,examples] into a clean $WHEEL_VENV (no TensorFlow)"
     python3 -m venv "$WHEEL_VENV"
     "$WHEEL_VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
@@ -81,7 +82,7 @@ import tpu_magic.datasets, tpu_magic.notebook.magics  # package data and subpack
 print("dev.sh: the wheel's tpu_magic is", tpu_magic.__file__)
 PY
     )
-    (cd "$run_dir" && "$WHEEL_VENV/bin/python" "$OLDPWD/examples/run_notebook.py" \
+    (cd "$run_dir" && "$WHEEL_VENV/bin/python" "$HERE/examples/run_notebook.py" \
       cifar10_cnn.ipynb -p 'CONNECT="--simulate 8"' -p OFFLINE=True -p SAMPLES=512 \
       -p EPOCHS=1 "$@")
     ;;
