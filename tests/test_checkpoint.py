@@ -214,3 +214,35 @@ def test_checkpoint_flag_mistakes_are_usage_errors(digits, tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path)
     with pytest.raises(UsageError, match=message):
         train(digits, ADAM + FIT.format(epochs=1), line)
+
+
+LORA = """
+keras.utils.set_random_seed(4)
+model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(2048, activation="relu"),
+                          keras.layers.Dense(2048, activation="relu"),
+                          keras.layers.Dense(10, activation="softmax")])
+for layer in model.layers[:2]:
+    layer.enable_lora(4)
+model.compile(keras.optimizers.Adam(0.01), "sparse_categorical_crossentropy")
+"""
+
+
+def test_a_lora_model_checkpoints_its_adapters_only_and_resumes_exactly(digits, tmp_path):
+    train(digits, LORA + FIT.format(epochs=2))
+    straight = weights(digits)
+
+    report = train(digits, LORA + FIT.format(epochs=1), f"--no-progress --checkpoint {tmp_path}")
+    written = tmp_path / "ckpt-000001-epoch-0001.h5"
+    saved = read_checkpoint(written)
+    model = digits.user_ns["model"]
+    assert saved.adapters_only and len(saved.weights.arrays) < len(model.weights)
+    bases = {layer._kernel.path for layer in model.layers[:2]}
+    assert not bases & set(saved.weights.names)  # the frozen bases stay out
+    full = sum(w.numpy().nbytes for w in model.weights)
+    assert written.stat().st_size < 0.05 * full  # adapters, their Adam slots, the head
+    assert any("LoRA: the checkpoints hold the adapters only" in n for n in report.notes)
+
+    report = train(digits, LORA + FIT.format(epochs=2), f"--no-progress --checkpoint {tmp_path} "
+                                                        "--resume")
+    assert report.history.epoch == [1]
+    assert largest_difference(weights(digits), straight) < 1e-5

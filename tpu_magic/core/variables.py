@@ -21,7 +21,8 @@ def variables_of(model: Any) -> list[Any]:
     return found
 
 
-def replica_weights(model: Any, backend: Any) -> tuple[list[np.ndarray], list[str], int]:
+def replica_weights(model: Any, backend: Any, weights: list[Any] | None = None
+                    ) -> tuple[list[np.ndarray], list[str], int]:
     """The model's weights as arrays, averaged over replicas where the replicas disagree.
 
     Replicas disagree on variables each replica updates alone (e.g. BatchNormalization's
@@ -30,13 +31,16 @@ def replica_weights(model: Any, backend: Any) -> tuple[list[np.ndarray], list[st
 
     Replicas that hold the same NaN agree (a diverged model is not "averaged").
 
+    Args:
+        weights: the variables to read (default: all of `model.weights`).
+
     Returns:
-        (the arrays in `model.weights` order, the paths of the variables averaged,
+        (the arrays in `weights` order, the paths of the variables averaged,
         the number of replicas seen).
     """
     arrays, averaged, replicas = [], [], 1
     with backend.reading(model):
-        for weight in model.weights:
+        for weight in model.weights if weights is None else weights:
             parts = [float32(np.asarray(p)) for p in backend.replica_values(weight)]
             replicas = max(replicas, len(parts))
             first = parts[0]
@@ -56,6 +60,24 @@ def same(a: np.ndarray, b: np.ndarray) -> bool:
 def float32(array: np.ndarray) -> np.ndarray:
     """A bfloat16 or float16 array as float32; any other as it is."""
     return array.astype(np.float32) if array.dtype.name in ("bfloat16", "float16") else array
+
+
+def frozen_lora_bases(model: Any) -> set[int]:
+    """ids of the frozen base weights of layers with LoRA enabled (`layer.enable_lora(rank)`:
+    the kernel or embeddings stop training; only the small `lora_*` factors change)."""
+    found = set()
+    for layer in model._flatten_layers(include_self=False):
+        if getattr(layer, "lora_enabled", False):
+            found |= {id(v) for v in layer.weights
+                      if not v.trainable and "lora" not in v.path.rsplit("/", 1)[-1]}
+    return found
+
+
+def saved_weights(model: Any) -> list[Any]:
+    """The weights a checkpoint holds: all of them, less LoRA's frozen bases (which training
+    never changes: the model that loaded them has them)."""
+    frozen = frozen_lora_bases(model)
+    return [w for w in model.weights if id(w) not in frozen]
 
 
 def optimizer_state(model: Any, backend: Any) -> list[np.ndarray] | None:

@@ -60,6 +60,7 @@ class Checkpoint:
     weights: Variables
     optimizer: Variables
     optimizer_class: str
+    adapters_only: bool = False  # LoRA: the frozen bases were left out
 
 
 @dataclass
@@ -74,8 +75,9 @@ class Found:
 
 def state_of(model: Any, backend: Any) -> tuple[Variables, Variables, str]:
     """The model's weights (averaged over replicas where they differ) and optimizer state."""
-    arrays, _, _ = variables.replica_weights(model, backend)
-    weights = Variables(tuple(w.path for w in model.weights), tuple(arrays))
+    chosen = variables.saved_weights(model)
+    arrays, _, _ = variables.replica_weights(model, backend, chosen)
+    weights = Variables(tuple(w.path for w in chosen), tuple(arrays))
     optimizer = getattr(model, "optimizer", None)
     slots = variables.optimizer_state(model, backend)
     if slots is None:
@@ -85,10 +87,11 @@ def state_of(model: Any, backend: Any) -> tuple[Variables, Variables, str]:
 
 
 def _write_file(path: Path, epoch: int, seed: int, sequence: int, weights: Variables,
-                optimizer: Variables, optimizer_class: str) -> None:
+                optimizer: Variables, optimizer_class: str, adapters_only: bool = False) -> None:
     with h5py.File(path, "w") as handle:
         handle.attrs.update(format=FORMAT, epoch=epoch, seed=seed, sequence=sequence,
-                            optimizer_class=optimizer_class, keras_version=keras.__version__)
+                            optimizer_class=optimizer_class, keras_version=keras.__version__,
+                            adapters_only=adapters_only)
         for group_name, saved in (("weights", weights), ("optimizer", optimizer)):
             group = handle.create_group(group_name)
             group.attrs["names"] = json.dumps(list(saved.names))
@@ -115,7 +118,8 @@ def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
                 groups[group_name] = Variables(names, arrays)
             return Checkpoint(path, int(handle.attrs["sequence"]), int(handle.attrs["epoch"]),
                               int(handle.attrs["seed"]), groups["weights"], groups["optimizer"],
-                              str(handle.attrs["optimizer_class"]))
+                              str(handle.attrs["optimizer_class"]),
+                              bool(handle.attrs.get("adapters_only", False)))
     except CheckpointError:
         raise
     except Exception as exc:  # h5py reports damage as OSError, KeyError, ValueError, ...
@@ -169,7 +173,11 @@ def restore(model: Any, checkpoint: Checkpoint, strategy: Any) -> None:
     with strategy.scope():
         if optimizer is not None and not optimizer.built:
             optimizer.build(model.trainable_variables)
-        problem = mismatch(checkpoint.weights, model.weights, "weights")
+        saved = variables.saved_weights(model)
+        problem = mismatch(checkpoint.weights, saved, "weights")
+        if problem is None and checkpoint.adapters_only != (len(saved) < len(model.weights)):
+            problem = ("one of the two has LoRA enabled and the other not: checkpoints of "
+                       "LoRA models hold the adapters only")
         if problem is None and checkpoint.optimizer.arrays:
             optimizer_class = type(optimizer).__name__ if optimizer is not None else ""
             if checkpoint.optimizer_class != optimizer_class:
@@ -182,7 +190,7 @@ def restore(model: Any, checkpoint: Checkpoint, strategy: Any) -> None:
             raise CheckpointError(
                 f"cannot resume from {where}: it was written for another model ({problem}). "
                 "Use the model that wrote it, or another --checkpoint directory.")
-        for variable, array in zip(model.weights, checkpoint.weights.arrays):
+        for variable, array in zip(saved, checkpoint.weights.arrays):
             variable.assign(array)
         if checkpoint.optimizer.arrays:
             for variable, array in zip(optimizer.variables, checkpoint.optimizer.arrays):
@@ -206,6 +214,7 @@ class CheckpointStore:
         self.keep = keep
         self.moved_aside: list[str] = []  # "why: moved aside to NAME", for the cell to say
         self._usable: set[str] = set()  # names known to read back whole and finite
+        self.adapters: tuple[int, int] | None = None  # LoRA: (bytes saved, bytes of the weights)
 
     def prepare(self) -> None:
         """Creates the directory and proves it is writable; removes dead writers' leftovers.
@@ -262,12 +271,17 @@ class CheckpointStore:
         weights, optimizer, optimizer_class = state_of(model, backend)
         if not_finite(weights.arrays):
             return None
+        adapters_only = len(weights.arrays) < len(model.weights)
+        if adapters_only:  # what a full checkpoint would weigh, for the note
+            self.adapters = (sum(a.nbytes for a in weights.arrays),
+                             sum(int(np.prod(w.shape)) * 4 for w in model.weights))
         listing = self.listing()
         sequence = max([n for n, _, _ in listing] + self._aside_sequences(), default=0) + 1
         target = self.directory / f"ckpt-{sequence:06d}-epoch-{epoch:04d}.h5"
         try:
             with atomic_path(target) as temporary:
-                _write_file(temporary, epoch, seed, sequence, weights, optimizer, optimizer_class)
+                _write_file(temporary, epoch, seed, sequence, weights, optimizer, optimizer_class,
+                            adapters_only)
         except OSError as exc:
             raise CheckpointError(
                 f"the checkpoint after epoch {epoch} could not be written to {target} "

@@ -170,4 +170,9 @@ class CellCheckpoints:
         weights, an epoch cut short."""
         notes = [n for n in (not_finite_note(saver, self.store),
                              cut_short_note(saver, self.store)) if n]
+        if self.store.adapters and saver.written:
+            saved, whole = self.store.adapters
+            notes.append(f"LoRA: the checkpoints hold the adapters only, {saved / 2**20:.2f} MiB "
+                         f"of the weights' {whole / 2**20:.2f} MiB ({100 * saved / whole:.1f} %; "
+                         "the frozen bases never change, and --resume needs the same model)")
         return self.store.take_moved_aside(), notes
