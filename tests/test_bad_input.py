@@ -243,3 +243,10 @@ def test_shard_flags_on_tensorflow_are_refused_before_the_cell_runs(sim8, line, 
     with pytest.raises(UsageError, match=words):
         sim8.run_cell_magic("tpu_train", line, "ran = True")
     assert "ran" not in sim8.user_ns
+
+
+def test_a_magic_line_with_a_trailing_comment_works_as_in_python(sim8):
+    result = sim8.run_line_magic("tpu_connect", "--simulate 8 --no-panel   # rehearse a v2-8")
+    assert result.replicas == 8
+    with pytest.raises(UsageError, match="could not read its arguments"):
+        sim8.run_line_magic("tpu_connect", "'unbalanced # not a comment")

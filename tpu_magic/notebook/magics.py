@@ -328,6 +328,18 @@ class TpuMagics(Magics, Configurable):
 TpuMagics.tpu_train_as_a_line.__doc__ = TpuMagics.tpu_train.__doc__
 
 
+def _without_comment(line: str) -> str:
+    """The line without a trailing `# comment` (as in Python; a quoted # stays), so a magic
+    line copied with its comment, `%tpu_connect --simulate 8   # rehearse`, works."""
+    import shlex
+
+    if "#" not in line:
+        return line
+    lexer = shlex.shlex(line, posix=True)
+    lexer.whitespace_split, lexer.commenters = True, "#"
+    return shlex.join(list(lexer))
+
+
 def _with_suggestion(magic, message: str) -> str:
     """"unrecognized arguments: --batchsize 64" with "did you mean --batch-size?"."""
     if not message.startswith("unrecognized arguments:"):
@@ -382,7 +394,7 @@ def _parse(magic, line: str):
     """`parse_argstring`, with unreadable quoting as a `UsageError` too (shlex raises
     ValueError), and the nearest flag suggested for an unknown one."""
     try:
-        return parse_argstring(magic, line)
+        return parse_argstring(magic, _without_comment(line))
     except UsageError as exc:
         raise UsageError(_with_suggestion(magic, str(exc))) from None
     except ValueError as exc:
