@@ -351,3 +351,28 @@ def test_a_model_sharded_over_a_mesh_trains_as_on_one_device(ip, mesh):
     x = ours["tokens"][:5]
     np.testing.assert_allclose(ours["sharded_cpu"].predict(x, verbose=0),
                                np.asarray(model.predict(x, verbose=0)), atol=1e-4)
+
+
+def test_a_memory_plan_before_the_first_step_and_a_refusal_that_names_the_fixes(ip, monkeypatch):
+    report = train(ip, SHARDED, "--no-progress --shard model --mesh 2x4 --plan-for v5e-8")
+    plan = report.memory_plan
+    assert plan.startswith("memory plan: ") and " of 16 GiB per TPU v5e device (weights " in plan
+    assert "optimizer" in plan and "planned by XLA on this machine's CPU devices" in plan
+    model = ip.user_ns["sharded"]
+    import re
+
+    weights_gib = sum(w.value.addressable_shards[0].data.nbytes for w in model.weights) / 2**30
+    planned = float(re.search(r"\(weights ([\d.e-]+)", plan).group(1))
+    assert planned == pytest.approx(weights_gib, rel=0.05)  # the weights one device holds
+
+    monkeypatch.setenv("TPU_MAGIC_DEVICE_MEMORY_BYTES", str(4 * 2**20))  # a 4 MiB device
+    ip.user_ns.pop("history", None)
+    with pytest.raises(UsageError, match=r"memory plan: a training step needs .* GiB per "
+                                         r"device, more than 90 % of its .* the biggest part "
+                                         r"is .* Nothing has run and the weights are untouched"):
+        train(ip, SHARDED, "--no-progress --shard model --mesh 2x4")
+    refused = ip.user_ns["sharded"]
+    assert int(refused.optimizer.iterations.numpy()) == 0 and "history" not in ip.user_ns
+    with pytest.raises(UsageError, match="--plan-for v5e-4 plans for 4 devices, and this "
+                                         "connection has 8"):
+        train(ip, SHARDED, "--no-progress --shard model --plan-for v5e-4")

@@ -101,3 +101,17 @@ def test_the_doctor_does_not_blame_the_user_for_a_backend_tpu_magic_chose():
         str(doctor.diagnose(by_us, backend="tf")[0])
     assert "keras was imported with the jax backend before %tpu_connect" in \
         str(doctor.diagnose(by_user, backend="tf")[0])
+
+
+@pytest.mark.parametrize("imported, tpu_vm, installed, took", [
+    ("tensorflow", True, JAX, True),      # Kaggle: keras imported first, with tensorflow-cpu
+    ("jax", True, JAX, False),            # keras on JAX already: JAX has the TPU
+    ("tensorflow", True, TF_TPU, False),  # TensorFlow's own TPU build is there
+    ("tensorflow", False, JAX, False),    # no TPU VM
+    (None, True, JAX, False),             # nothing imported yet: auto takes JAX
+])
+def test_when_an_imported_tensorflow_keras_took_a_jax_tpu(imported, tpu_vm, installed, took):
+    from tpu_magic.backends import tensorflow_took_a_jax_tpu
+
+    choice = choose_backend("auto", imported, {}, tpu_vm, installed)
+    assert tensorflow_took_a_jax_tpu(choice, tpu_vm, installed) is took

@@ -111,6 +111,14 @@ def _auto(tpu_vm: bool, installed: Mapping[str, str],
     return BackendChoice("tf", "the default")
 
 
+def tensorflow_took_a_jax_tpu(choice: BackendChoice, tpu_vm: bool,
+                              installed: Mapping[str, str]) -> bool:
+    """keras was already imported with TensorFlow on a TPU VM where only JAX reaches the TPU
+    (Kaggle's image: keras imported first follows tensorflow-cpu, which has no TPU)."""
+    return choice.imported and choice.backend == "tf" and tpu_vm and \
+        only_jax_reaches_the_tpu(installed)
+
+
 def only_jax_reaches_the_tpu(installed: Mapping[str, str]) -> bool:
     """JAX is installed and TensorFlow's TPU build is not (Kaggle's TPU image)."""
     return "tensorflow-tpu" not in installed and "jax" in installed

@@ -19,8 +19,8 @@ from typing import Any, Callable, Iterator, Mapping
 from tpu_magic.backends import compile_cache as cache
 from tpu_magic.backends.protocol import Named
 from tpu_magic.core import process
-from tpu_magic.core.devices import DeviceView, chip_named, device_name, host_memory, memory_of, \
-    runs_per_second
+from tpu_magic.core.devices import DeviceView, StepMemory, chip_named, device_name, host_memory, \
+    memory_of, runs_per_second
 from tpu_magic.core.deps import installed_versions
 from tpu_magic.core.errors import ConnectError, MissingDependencyError
 from tpu_magic.core.session import Connection
@@ -41,6 +41,11 @@ def require_jax() -> Any:
     except ImportError:
         raise MissingDependencyError(JAX_FIX) from None
     return jax
+
+
+def _bytes_on_one_device(array: Any) -> int:
+    shards = getattr(array, "addressable_shards", None)
+    return int(shards[0].data.nbytes) if shards else int(getattr(array, "nbytes", 0))
 
 
 def _model_parallel_class() -> type:
@@ -281,6 +286,41 @@ class JaxBackend(Named):
         distribution = _model_parallel_class()(
             layout_map=keras.distribution.LayoutMap(mesh), batch_dim_name="batch")
         return dataclasses.replace(connection, strategy=distribution, replicas=rows)
+
+    def step_memory(self, model: Any, batch: Any) -> StepMemory:
+        """Lowers Keras's own train step for the distribution in force and compiles it from
+        abstract inputs (no step runs, nothing is allocated), donating the state as Keras
+        does, and reads XLA's memory analysis of one device."""
+        import keras
+
+        jax = require_jax()
+        model._symbolic_build(data_batch=batch)  # what fit does first: loss, metrics, optimizer
+        distribution = keras.distribution.distribution()
+
+        def abstract(array: Any) -> Any:
+            if array is None:
+                return None
+            shape = tuple(array.shape)
+            sharding = (distribution.get_data_layout(shape).backend_layout
+                        if distribution is not None and shape else None)
+            return jax.ShapeDtypeStruct(shape, array.dtype, sharding=sharding)
+
+        state = model._get_jax_state(trainable_variables=True, non_trainable_variables=True,
+                                     optimizer_variables=True, metrics_variables=True)
+        data = keras.tree.map_structure(abstract, batch)
+        compiled = jax.jit(model.train_step, donate_argnums=0).lower(state, data).compile()
+        stats = compiled.memory_analysis()
+
+        def on_one(arrays: Any) -> int:
+            return sum(_bytes_on_one_device(a) for a in jax.tree_util.tree_leaves(arrays))
+
+        weights, optimizer = on_one(state[:2]), on_one(state[2])
+        return StepMemory(
+            weights=weights, optimizer=optimizer,
+            batch=max(stats.argument_size_in_bytes - weights - optimizer - on_one(state[3]), 0),
+            temporaries=stats.temp_size_in_bytes,
+            outputs=max(stats.output_size_in_bytes - stats.alias_size_in_bytes, 0),
+            compiled_on=jax.devices()[0].platform)
 
     def shard_rows(self, model: Any) -> list[VariableShard]:
         rows = []

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Mapping, Protoc
 
 if TYPE_CHECKING:
     from tpu_magic.backends.compile_cache import CompileCounts
-    from tpu_magic.core.devices import DeviceView
+    from tpu_magic.core.devices import DeviceView, StepMemory
     from tpu_magic.core.session import Connection
     from tpu_magic.core.target import Target
 
@@ -100,6 +100,11 @@ class Backend(Protocol):
         Raises:
             ShardError: this backend has no model parallelism.
         """
+
+    def step_memory(self, model: Any, batch: Any) -> "StepMemory | None":
+        """One device's memory for a training step of `model` on `batch` (arrays of the
+        global batch's shapes), from the compiler, before any step runs (None: this backend
+        cannot tell)."""
 
     def shard_rows(self, model: Any) -> list:
         """Each of the model's variables as a `core.layouts.VariableShard`: its layout on the

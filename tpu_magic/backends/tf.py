@@ -271,6 +271,9 @@ class TensorFlowBackend(Named):
     def shard_rows(self, model: Any) -> list:
         return []
 
+    def step_memory(self, model: Any, batch: Any) -> None:
+        return None  # planned on JAX, where Keras's model parallelism is
+
     def compile_counts(self) -> None:
         return None  # TensorFlow keeps no persistent compilation cache for Keras's steps
 

@@ -152,8 +152,8 @@ def _connect(target: str, simulate: int | None, timeout: float, backend: str,
     refused = chosen_backend.refuses(chosen, simulate)
     if refused:
         raise ConnectError(refused)
-    if chosen.kind == "tpu" and choice.imported and signs.tpu_vm and \
-            backends.only_jax_reaches_the_tpu(installed):
+    if chosen.kind == "tpu" and backends.tensorflow_took_a_jax_tpu(choice, signs.tpu_vm,
+                                                                   installed):
         raise ConnectError(imported_first(choice.backend, env))
     select(choice)
     new, chosen = chosen_backend.connect(

@@ -118,3 +118,27 @@ def chip_named(kind: str, name: str, env: Mapping[str, str]) -> Chip | None:
     if chip is None and kind == "tpu":
         chip = chip_for(env.get("TPU_ACCELERATOR_TYPE", ""))
     return chip if chip is not None and chip.kind == kind else None
+
+
+@dataclass(frozen=True)
+class StepMemory:
+    """What one device holds during a training step, from the compiler's memory analysis of
+    the step lowered for the real mesh (bytes).
+
+    Attributes:
+        weights / optimizer / batch: the step's arguments, by kind.
+        temporaries: what the step allocates while it runs (activations, gradients).
+        outputs: outputs not written in place of their arguments.
+        compiled_on: the devices the analysis was compiled for ("cpu", "tpu", "gpu").
+    """
+
+    weights: int
+    optimizer: int
+    batch: int
+    temporaries: int
+    outputs: int
+    compiled_on: str
+
+    @property
+    def peak(self) -> int:
+        return self.weights + self.optimizer + self.batch + self.temporaries + self.outputs

@@ -57,3 +57,7 @@ class PrecisionError(TpuMagicError):
 
 class ShardError(TpuMagicError):
     """A --shard or --mesh that cannot be used on this connection."""
+
+
+class MemoryPlanError(TpuMagicError):
+    """A training step that will not fit a device's memory, or a --plan-for that cannot be."""

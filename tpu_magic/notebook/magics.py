@@ -198,6 +198,9 @@ class TpuMagics(Magics, Configurable):
                    "split the model's large variables over the devices (default TpuMagics.shard)")
     @argument("--mesh", metavar="BxM",
               help="with --shard model: B data rows by M model columns (default 1x<devices>)")
+    @argument("--plan-for", metavar="CHIP-N",
+              help="plan one device's memory before the first step against a chip you may "
+                   "not have, e.g. v5e-8 (on as many simulated devices)")
     @argument("--no-progress", action="store_true", help="no progress bar")
     @cell_magic
     @usage_errors
@@ -247,6 +250,7 @@ class TpuMagics(Magics, Configurable):
                                    keep=2 if args.keep is None else args.keep,
                                    resume=args.resume,
                                    shard=args.shard or self.shard or None, mesh=args.mesh,
+                                   plan_for=args.plan_for,
                                    precision=(args.precision if args.precision is not None
                                               else self.precision or None),
                                    measured_tflops=(workspace.check.measured_tflops

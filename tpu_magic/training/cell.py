@@ -21,7 +21,8 @@ from tpu_magic.core.batching import BatchPlan, plan_batches
 from tpu_magic.core.errors import CheckpointError, RewrapError
 from tpu_magic.core.session import Connection
 from tpu_magic.core.variables import name_of
-from tpu_magic.training import checkpoints, planning, precision, routing, sharding, utilization
+from tpu_magic.training import (checkpoints, memory_plan, planning, precision, routing,
+                                sharding, utilization)
 from tpu_magic.training.agreement import ReplicasAgree
 from tpu_magic.training.cell_code import hand_written_loop, names_in
 from tpu_magic.training.inputs import Inputs
@@ -74,6 +75,7 @@ class TrainOptions:
     precision: str | None = None  # --precision; None: the Keras dtype policy as it is
     shard: str | None = None  # --shard data|model (None: data)
     mesh: str | None = None  # --mesh BxM
+    plan_for: str | None = None  # --plan-for CHIP-N (a memory plan against that chip)
     measured_tflops: float | None = None  # one device's matmul TFLOP/s from --check, if it ran
 
 
@@ -248,6 +250,9 @@ class TrainingCell:
                 self.report.resumed_from = str(resume_from.path)
                 seed, call["initial_epoch"] = resume_from.seed, resume_from.epoch
         batch = self.inputs.for_fit(model, call, plan, seed)
+        if self.mesh or self.options.plan_for:  # before anything runs: it may refuse
+            self.report.memory_plan = memory_plan.before_fit(
+                self.connection, model, call["x"], self.options.plan_for)
         timing = FitTiming(global_batch=batch, flops_per_sample=self.flops.per_sample(model))
         progress = FitProgress(timing, bar=self.bar if self.options.progress else None,
                                view=self.view)
@@ -317,10 +322,8 @@ class TrainingCell:
             call["verbose"] = 0
         rows = self.inputs.for_predict(model, call, plan)
         out = routing.keras_method("predict")(model, **call)
-        if rows is not None:
-            out = arrays.trim(out, rows)
-        rows = len(keras.tree.flatten(out)[0])
-        self.report.predictions.append(rows)
+        out = out if rows is None else arrays.trim(out, rows)
+        self.report.predictions.append(len(keras.tree.flatten(out)[0]))
         return out
 
     def _predict_on_batch(self, model: Any, call: dict, named: set) -> Any:

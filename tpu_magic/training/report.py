@@ -62,6 +62,7 @@ class TrainReport:
     xla_compile: Any = None  # a `compile_cache.CompileCounts`
     precision: str | None = None
     sharding: list[str] = field(default_factory=list)  # --shard model: the table
+    memory_plan: str | None = None  # --shard model, --plan-for: one device's planned memory
     utilization: Any = None  # a `utilization.Utilization` of the last fit
     seconds: float = 0.0
 
@@ -84,6 +85,8 @@ class TrainReport:
         if self.precision:
             lines.append(f"  precision: {self.precision}")
         lines += [f"  {line}" for line in self.sharding]
+        if self.memory_plan:
+            lines.append(f"  {self.memory_plan}")
         if self.fits:
             lines.append(f"  batch {self.global_batch} ({self.per_replica} per replica), "
                          f"{self.epochs} epoch{'s' * (self.epochs != 1)}"

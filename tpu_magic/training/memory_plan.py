@@ -1,0 +1,124 @@
+"""A memory plan before the first step (`--shard model`, `--plan-for CHIP`): what one
+device will hold during a training step, from the compiler, set against its memory.
+
+The backend lowers Keras's own train step for the mesh in force and compiles it from
+abstract inputs (`Backend.step_memory`): nothing runs and nothing is allocated. When the
+step fits (with `HEADROOM` to spare) the report gets one line; when it does not, training
+is refused before it starts, the weights untouched, with the biggest term named and the
+fixes in order with what each saves. `--plan-for v5e-8` plans for hardware you do not have:
+on 8 simulated CPU devices, against a v5e's HBM; XLA:CPU lays memory out differently from
+the TPU's compiler, which the line says.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+from tpu_magic.core.chips import Chip, chip_for
+from tpu_magic.core.devices import StepMemory
+from tpu_magic.core.errors import MemoryPlanError
+
+HEADROOM = 0.9  # a step may take this share of a device's memory
+LIMIT_VARIABLE = "TPU_MAGIC_DEVICE_MEMORY_BYTES"  # a device's memory, for tests and odd runtimes
+_GIB = 2.0 ** 30
+
+
+def target_chip(text: str | None, devices: int) -> tuple[Chip, int] | None:
+    """`--plan-for CHIP-N` (e.g. v5e-8, v6e-1, v2-8): the chip, and its device count.
+
+    Raises:
+        MemoryPlanError: an unknown chip, or a count other than this connection's devices.
+    """
+    if not text:
+        return None
+    chip = chip_for(text)
+    count = re.search(r"-(\d+)$", text.strip())
+    if chip is None or count is None:
+        raise MemoryPlanError(f"--plan-for {text!r}: name a chip and its device count as the "
+                              "runtimes do, e.g. --plan-for v5e-8, v6e-1, v4-8 or v2-8")
+    if int(count.group(1)) != devices:
+        raise MemoryPlanError(
+            f"--plan-for {text} plans for {count.group(1)} devices, and this connection has "
+            f"{devices}: connect with `%tpu_connect --backend jax --simulate "
+            f"{count.group(1)}` to plan for it on this machine")
+    return chip, devices
+
+
+def device_bytes(connection: Any, planned: tuple[Chip, int] | None) -> float | None:
+    """A device's memory: a test's limit, the planned chip's HBM, else the runtime's."""
+    if os.environ.get(LIMIT_VARIABLE):
+        return float(os.environ[LIMIT_VARIABLE])
+    if planned is not None:
+        return planned[0].device_memory_gib * _GIB
+    memory = connection.backend.device_view(connection, {}).memory
+    return memory.total_gib * _GIB if memory and memory.total_gib else None
+
+
+def first_batch(data: Any) -> Any:
+    """The first global batch of a built input (a `PyDataset` of whole batches), or None."""
+    try:
+        return data[0] if hasattr(data, "__getitem__") and hasattr(data, "__len__") else None
+    except (IndexError, TypeError, KeyError):
+        return None
+
+
+def before_fit(connection: Any, model: Any, data: Any, plan_for: str | None) -> str | None:
+    """The plan's line for the report (None: the backend cannot plan, or no batch to plan
+    from).
+
+    Raises:
+        MemoryPlanError: the step will not fit a device (nothing has run).
+    """
+    planned = target_chip(plan_for, len(connection.devices) or connection.replicas)
+    batch = first_batch(data)
+    if batch is None:
+        return None
+    memory = connection.backend.step_memory(model, batch)
+    if memory is None:
+        return None
+    total = device_bytes(connection, planned)
+    where = f"per {planned[0].name} device" if planned else "per device"
+    if total is not None and memory.peak > HEADROOM * total:
+        raise MemoryPlanError(refusal(memory, total, where))
+    return line(memory, total, where)
+
+
+def line(memory: StepMemory, total: float | None, where: str) -> str:
+    parts = (f"weights {_gib(memory.weights)}, optimizer {_gib(memory.optimizer)}, "
+             f"activations and gradients {_gib(memory.temporaries)}, batch {_gib(memory.batch)}")
+    of = f" of {_gib(total)}" if total else ""
+    text = f"memory plan: {_gib(memory.peak)}{of} GiB {where} ({parts})"
+    if memory.compiled_on == "cpu":
+        text += ("; planned by XLA on this machine's CPU devices, whose layout of memory "
+                 "differs from a TPU's or GPU's compiler: take it as ±30 %")
+    return text
+
+
+def refusal(memory: StepMemory, total: float, where: str) -> str:
+    """Why the step will not fit, its biggest term, and the fixes in order with savings."""
+    terms = {"the weights": memory.weights, "the optimizer's state": memory.optimizer,
+             "activations and gradients": memory.temporaries, "the batch": memory.batch}
+    biggest = max(terms, key=terms.get)
+    fixes = [
+        ("`--precision bf16` (bfloat16 variables, not mixed_bfloat16's float32 ones)",
+         (memory.weights + memory.optimizer) / 2),
+        ("LoRA (`layer.enable_lora(4)`): only the adapters train, so the optimizer's state "
+         "shrinks to theirs", memory.optimizer * 0.95),
+        ("half the batch or a shorter sequence", (memory.temporaries + memory.batch) / 2),
+        ("`with keras.RematScope(mode=\"full\"):` around the model's layers (recompute "
+         "activations in the backward pass)", memory.temporaries / 2),
+        ("`--shard model` with twice the model columns (`--mesh`)",
+         (memory.weights + memory.optimizer) / 2),
+    ]
+    fixes.sort(key=lambda fix: -fix[1])
+    listed = "; ".join(f"{fix} saves about {_gib(saving)} GiB" for fix, saving in fixes)
+    return (f"memory plan: a training step needs {_gib(memory.peak)} GiB {where}, more than "
+            f"{100 * HEADROOM:.0f} % of its {_gib(total)} GiB; the biggest part is {biggest} "
+            f"({_gib(terms[biggest])} GiB). Nothing has run and the weights are untouched. "
+            f"Fixes, largest saving first: {listed}.")
+
+
+def _gib(count: float) -> str:
+    return f"{count / _GIB:.3g}" if count >= 0.01 * _GIB else f"{count / _GIB:.2g}"
