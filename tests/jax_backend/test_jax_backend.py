@@ -376,3 +376,11 @@ def test_a_memory_plan_before_the_first_step_and_a_refusal_that_names_the_fixes(
     with pytest.raises(UsageError, match="--plan-for v5e-4 plans for 4 devices, and this "
                                          "connection has 8"):
         train(ip, SHARDED, "--no-progress --shard model --plan-for v5e-4")
+
+
+def test_token_ids_get_tokens_per_second_of_real_tokens(ip):
+    report = train(ip, SHARDED.replace("epochs=2", "epochs=1") + "\n", "--no-progress")
+    tokens = ip.user_ns["tokens"]
+    per_row = np.count_nonzero(tokens) / len(tokens)
+    assert report.tokens_per_second == pytest.approx(report.samples_per_second * per_row)
+    assert "tokens/s (real tokens, padding left out)" in report.summary()

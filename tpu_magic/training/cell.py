@@ -181,8 +181,7 @@ class TrainingCell:
             last: the `fit` to repeat (its data, validation data and callbacks).
             stop_event: when set, training stops at the next batch boundary.
         """
-        start = time.perf_counter()
-        self.stop_event = stop_event
+        start, self.stop_event = time.perf_counter(), stop_event
         call = dict(last.arguments, initial_epoch=0, verbose=0)
         named = set(last.named) - {"batch_size", "epochs", "initial_epoch"}
         try:
@@ -253,7 +252,8 @@ class TrainingCell:
         if self.mesh or self.options.plan_for:  # before anything runs: it may refuse
             self.report.memory_plan = memory_plan.before_fit(
                 self.connection, model, call["x"], self.options.plan_for)
-        timing = FitTiming(global_batch=batch, flops_per_sample=self.flops.per_sample(model))
+        timing = FitTiming(global_batch=batch, flops_per_sample=self.flops.per_sample(model),
+                           tokens_per_sample=utilization.tokens_per_sample(recorded.arguments["x"]))
         progress = FitProgress(timing, bar=self.bar if self.options.progress else None,
                                view=self.view)
         saver = (self.checkpoints.callback(seed, self.connection, resume_from)

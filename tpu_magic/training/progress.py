@@ -32,6 +32,13 @@ class FitTiming:
     last_logs: dict[str, float] = field(default_factory=dict)
     flops_per_sample: float | None = None  # for TFLOP/s on the bar, where known
     diverged: tuple[int, int] | None = None  # (epoch, step), 1-based: the loss first NaN/Inf
+    tokens_per_sample: float | None = None  # token-id inputs: real (non-padding) tokens a row
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        """Real tokens per second in the steady state, for token-id inputs."""
+        rate = self.samples_per_second
+        return rate * self.tokens_per_sample if rate and self.tokens_per_sample else None
 
     def diverged_text(self) -> str | None:
         """Where the loss stopped being finite, in words (None: it stayed finite)."""
@@ -77,6 +84,8 @@ def _postfix(logs: dict[str, float], timing: FitTiming) -> dict[str, str]:
     shown = {k: f"{v:.4g}" for k, v in logs.items()}
     if timing.samples_per_second:
         shown["samples/s"] = f"{timing.samples_per_second:,.0f}"
+    if timing.tokens_per_second:
+        shown["tokens/s"] = f"{timing.tokens_per_second:,.0f}"
     if timing.tflops:
         shown["TFLOP/s"] = f"{timing.tflops:.3g}"
     return shown

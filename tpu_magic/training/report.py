@@ -63,6 +63,7 @@ class TrainReport:
     precision: str | None = None
     sharding: list[str] = field(default_factory=list)  # --shard model: the table
     memory_plan: str | None = None  # --shard model, --plan-for: one device's planned memory
+    tokens_per_second: float | None = None  # token-id inputs: real tokens in the steady state
     utilization: Any = None  # a `utilization.Utilization` of the last fit
     seconds: float = 0.0
 
@@ -73,6 +74,7 @@ class TrainReport:
         self.epochs, self.steps = len(timing.epoch_seconds), timing.steps_done
         self.compile_seconds = timing.compile_seconds
         self.samples_per_second = timing.samples_per_second
+        self.tokens_per_second = timing.tokens_per_second
         self.epoch_seconds = list(timing.epoch_seconds)
         self.metrics = dict(timing.last_logs)
         self.history, self.interrupted = history, interrupted
@@ -98,7 +100,9 @@ class TrainReport:
             if xla:  # over the whole fit: validation's and the last batch's programs too
                 lines.append(f"  {xla}, over the whole fit")
             if self.samples_per_second:
-                lines.append(f"  steady state: {self.samples_per_second:,.0f} samples/s")
+                lines.append(f"  steady state: {self.samples_per_second:,.0f} samples/s"
+                             + (f", {self.tokens_per_second:,.0f} tokens/s (real tokens, "
+                                "padding left out)" if self.tokens_per_second else ""))
             if self.utilization is not None:
                 lines += [f"  {line}" for line in self.utilization.lines()]
             if self.epoch_seconds:

@@ -53,7 +53,7 @@ class Utilization:
                               "the measured peak")
             if self.nominal_tflops:
                 shares.append(f"{_percent(self.achieved_tflops / self.nominal_tflops)} of "
-                              "the nominal peak")
+                              "the nominal peak (MFU)")
             found.append(f"utilization: {_tflops(self.achieved_tflops)} TFLOP/s"
                          + (" = " + ", ".join(shares) if shares else
                             " (no peak known: run %tpu_connect --check to measure one)")
@@ -163,3 +163,16 @@ class FlopCounts:
     def per_sample(self, model: Any) -> float | None:
         counted = self.counted(model)
         return None if counted is None else counted[0]
+
+
+def tokens_per_sample(x: Any) -> float | None:
+    """Real tokens a row of a language model's input: the non-zero ids of an integer array
+    of token ids, (samples, sequence) (0 is the padding id of Keras's and KerasHub's
+    tokenizers); None for other inputs."""
+    import numpy as np
+
+    for leaf in [x] if not isinstance(x, dict) else [x.get("token_ids")]:
+        if isinstance(leaf, np.ndarray) and leaf.ndim == 2 and leaf.dtype.kind in "iu" and \
+                len(leaf):
+            return float(np.count_nonzero(leaf)) / len(leaf)
+    return None
