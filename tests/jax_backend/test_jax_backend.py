@@ -384,3 +384,13 @@ def test_token_ids_get_tokens_per_second_of_real_tokens(ip):
     per_row = np.count_nonzero(tokens) / len(tokens)
     assert report.tokens_per_second == pytest.approx(report.samples_per_second * per_row)
     assert "tokens/s (real tokens, padding left out)" in report.summary()
+
+
+def test_syncing_a_model_the_host_cannot_hold_is_refused_before_gathering(ip, monkeypatch):
+    train(ip, SHARDED.replace("epochs=2", "epochs=1"), "--no-progress --shard model")
+    ip.user_ns.pop("too_big_cpu", None)
+    monkeypatch.setenv("TPU_MAGIC_HOST_MEMORY_BYTES", str(8 * 2**20))  # an 8 MiB host
+    with pytest.raises(UsageError, match="needs about .* GiB of host memory .* nothing was "
+                                         "copied"):
+        ip.run_line_magic("tpu_sync", "sharded --as too_big_cpu")
+    assert "too_big_cpu" not in ip.user_ns

@@ -224,7 +224,8 @@ def sync_to_cpu(model: Any, *, name: str, as_name: str,
     if not model.built:
         raise SyncError(f"model {name!r} has no weights yet: train it first")
     backend = backend or backends.active()
-    weights, averaged, replicas = replica_weights(model, backend)
+    refuse_if_too_big(model, name)
+    weights, averaged, replicas = replica_weights(model, backend)  # gathered one by one
     new = cpu_copy(model, custom_objects, backend, label=name)
     try:
         new.set_weights(weights)
@@ -245,6 +246,41 @@ def sync_to_cpu(model: Any, *, name: str, as_name: str,
                         replicas=replicas,
                         path=str(path) if path is not None else None)
     return new, report
+
+
+HOST_LIMIT_VARIABLE = "TPU_MAGIC_HOST_MEMORY_BYTES"  # the host's free memory, for tests
+
+
+def refuse_if_too_big(model: Any, name: str) -> None:
+    """A sharded model is gathered into host memory variable by variable, and then held twice
+    (the gathered arrays and the CPU copy): refused first where that cannot fit.
+
+    Raises:
+        SyncError: twice the weights' bytes exceed 80 % of the host's free memory.
+    """
+    needed = 2 * sum(int(np.prod(w.shape)) * 4 for w in model.weights)
+    free = _host_free_bytes()
+    if free is not None and needed > 0.8 * free:
+        raise SyncError(
+            f"the CPU copy of {name!r} needs about {needed / 2**30:.2f} GiB of host memory (its "
+            f"gathered weights and the copy), and this host has {free / 2**30:.2f} GiB free: "
+            "nothing was copied. Keep training state with --checkpoint (LoRA models write their "
+            "adapters only), or copy on a machine with more memory.")
+
+
+def _host_free_bytes() -> float | None:
+    import os
+
+    if os.environ.get(HOST_LIMIT_VARIABLE):
+        return float(os.environ[HOST_LIMIT_VARIABLE])
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
 
 
 def save_weights(model: Any, path: Path) -> None:
