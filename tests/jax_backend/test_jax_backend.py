@@ -296,7 +296,7 @@ class Slow(keras.utils.PyDataset):
     def __len__(self):
         return 6
     def __getitem__(self, i):
-        time.sleep(0.05)
+        time.sleep(0.25)  # a step's compute (a few ms, more under load) stays a small share
         return x[i * 64:(i + 1) * 64], y[i * 64:(i + 1) * 64]
 dense = keras.Sequential([keras.Input((64,)), keras.layers.Dense(10, activation="softmax")])
 dense.compile("sgd", "sparse_categorical_crossentropy")
