@@ -1,6 +1,7 @@
 from setuptools import find_packages, setup
 
 TF_VERSION = ">=2.16"  # the first TensorFlow whose tf.keras is Keras 3
+HUB_LIGHT = ["absl-py", "packaging", "regex", "rich", "kagglehub", "sentencepiece", "tokenizers", "grain"]
 
 setup(
     name="tpu_magic",
@@ -22,7 +23,14 @@ setup(
         # TensorFlow's own TPU build, for `--backend tf` on a TPU VM without JAX (never beside
         # JAX's libtpu: the two take the same chips).
         "tf-tpu": [f"tensorflow-tpu{TF_VERSION}"],
-        "test": ["pytest>=8", "pytest-timeout", "hypothesis", "scikit-learn", "nbclient", "nbformat", "ipykernel"],
+        "test": ["pytest>=8", "pytest-timeout", "hypothesis", "scikit-learn", "nbclient", "nbformat", "ipykernel",
+                 # KerasHub's small-config language models (dev.sh installs keras-hub itself
+                 # without its tensorflow-text, which would pull the full tensorflow wheel
+                 # beside tensorflow-cpu): what it imports, and grain, its TF-free data loader.
+                 *HUB_LIGHT],
+        # KerasHub language models (Gemma, Llama, Qwen, Mistral) for `--shard model`; Kaggle's
+        # and Colab's images have it already.
+        "hub": ["keras-hub>=0.20", "grain"],
         # The panel's real-browser test drives Debian's chromium (apt), not a downloaded one.
         "browser": ["jupyterlab>=4", "playwright>=1.40"],
         # Keras on JAX (`%tpu_connect --backend jax`); on a TPU VM: pip install "jax[tpu]".

@@ -394,3 +394,105 @@ def test_syncing_a_model_the_host_cannot_hold_is_refused_before_gathering(ip, mo
                                          "copied"):
         ip.run_line_magic("tpu_sync", "sharded --as too_big_cpu")
     assert "too_big_cpu" not in ip.user_ns
+
+
+# -- KerasHub language models: built from small configs (random weights, no downloads) -------
+
+HUB_LM = """
+import keras_hub
+keras.utils.set_random_seed(3)
+backbone = keras_hub.models.{backbone}(vocabulary_size=512, num_layers=2, num_query_heads={heads},
+    num_key_value_heads={heads}, hidden_dim=64, intermediate_dim=128{extra})
+lm = keras_hub.models.{task}(backbone=backbone, preprocessor=None)
+backbone.enable_lora(rank=4)
+lm.compile(optimizer=keras.optimizers.Adam(1e-3),
+           loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+           weighted_metrics=["accuracy"])
+rs = np.random.RandomState(0)
+ids = rs.randint(1, 512, (37, 17))
+mask = np.ones((37, 16), bool)
+mask[::3, 12:] = False  # every third sequence ends early: padding tokens
+x = {{"token_ids": ids[:, :-1] * mask, "padding_mask": mask}}
+y = ids[:, 1:] * mask
+history = lm.fit(x, y, sample_weight=mask.astype("float32"), batch_size=8, epochs=2,
+                 shuffle=False, verbose=0)
+"""
+GEMMA = dict(backbone="GemmaBackbone", task="GemmaCausalLM", extra=", head_dim=16")
+MISTRAL = dict(backbone="MistralBackbone", task="MistralCausalLM", extra="")
+
+
+def _hub_lm(**kind):
+    return HUB_LM.format(**kind)
+
+
+def _same_losses_as_one_device(ip, cell, line):
+    plain = {}
+    exec("import numpy as np, keras\n" + cell, plain)  # one device, no distribution
+    report = train(ip, cell, line)
+    for key, values in plain["history"].history.items():
+        assert ip.user_ns["history"].history[key] == pytest.approx(values, rel=1e-4), key
+    return report
+
+
+def _bytes_per_device(model, columns):
+    total = replicated = per_device = 0
+    for variable in model.weights:
+        value = variable.value
+        total += value.nbytes
+        if all(s is None for s in value.sharding.spec):
+            replicated += value.nbytes
+        per_device += value.addressable_shards[0].data.nbytes
+    assert per_device <= (total - replicated) / columns + replicated + 1
+    return per_device, total
+
+
+@pytest.mark.parametrize("mesh", ["1x8", "2x4"])
+def test_a_kerashub_causal_lm_with_lora_takes_its_own_layout_map(ip, mesh):
+    """Gemma's `get_layout_map` lays out its kernels (over both mesh axes); LoRA factors and
+    norms stay replicated; a last batch of 5 sequences of 37 is padded and masked; the
+    losses and masked accuracy equal one device's."""
+    report = _same_losses_as_one_device(ip, _hub_lm(heads=8, **GEMMA),
+                                        f"--no-progress --shard model --mesh {mesh}")
+    import keras
+    import keras_hub
+
+    rows, columns = map(int, mesh.split("x"))
+    lm = ip.user_ns["lm"]
+    device_mesh = keras.distribution.DeviceMesh((rows, columns), ["batch", "model"])
+    own = keras_hub.models.GemmaBackbone.get_layout_map(device_mesh)
+    mapped = 0
+    for variable in lm.weights:
+        layout = own[variable.path]
+        spec = tuple(variable.value.sharding.spec)
+        spec += (None,) * (len(variable.shape) - len(spec))
+        if layout is not None:
+            mapped += 1
+            assert spec == tuple(layout.axes), variable.path
+        elif "lora" in variable.path:
+            assert all(s is None for s in spec), variable.path
+    assert mapped >= 10
+    assert any(v.trainable for v in lm.weights if "lora" in v.path)
+    _bytes_per_device(lm, columns)
+    assert "from GemmaBackbone.get_layout_map" in report.sharding[1]
+    assert report.global_batch == 8 and report.memory_plan.startswith("memory plan: ")
+
+
+def test_a_layout_the_mesh_does_not_divide_is_derived_with_a_note(ip):
+    """4 query heads on a model axis of 8: Gemma's map would fail in device_put."""
+    report = _same_losses_as_one_device(ip, _hub_lm(heads=4, **GEMMA),
+                                        "--no-progress --shard model --mesh 1x8")
+    query = next(v for v in ip.user_ns["lm"].weights
+                 if v.path == "decoder_block_0/attention/query/kernel")
+    assert tuple(query.value.sharding.spec)[:1] != ("model",)
+    assert any("decoder_block_0/attention/query/kernel (4, 64, 16): layout derived: "
+               "GemmaBackbone.get_layout_map's ('model', 'batch', None) does not divide" in note
+               for note in report.notes)
+
+
+def test_a_kerashub_backbone_without_a_layout_map_is_derived_from_shapes(ip, monkeypatch):
+    monkeypatch.setattr("tpu_magic.core.layouts.SHARD_FROM_BYTES", 16 * 1024)
+    report = _same_losses_as_one_device(ip, _hub_lm(heads=8, **MISTRAL),
+                                        "--no-progress --shard model --mesh 2x4")
+    per_device, total = _bytes_per_device(ip.user_ns["lm"], 4)
+    assert per_device < total / 2
+    assert "from its shape" in report.sharding[1] and "get_layout_map" not in report.sharding[1]

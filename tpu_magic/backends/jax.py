@@ -48,9 +48,16 @@ def _bytes_on_one_device(array: Any) -> int:
     return int(shards[0].data.nbytes) if shards else int(getattr(array, "nbytes", 0))
 
 
+LAYOUT_SOURCE = "_tpu_magic_layout"  # on a variable: where its layout came from, for the report
+
+
 def _model_parallel_class() -> type:
-    """Keras's `ModelParallel` that lays out what the layout map does not name from the
-    variable's shape (`derived_spec`), so a model with no layout map of its own is sharded."""
+    """Keras's `ModelParallel` that finds each variable's layout itself: from the layout map
+    of the model being built where its class offers one (`get_layout_map(mesh, model_dim,
+    data_dim)`, as KerasHub's Gemma, Llama and Qwen backbones do), else from the variable's
+    shape (`derived_spec`), so any model is sharded. A mapped layout whose mesh axis does not
+    divide the variable's dimension (a small model's heads) is derived instead, and said,
+    where `device_put` would fail. Each variable records where its layout came from."""
     import keras
 
     TensorLayout = keras.distribution.TensorLayout
@@ -60,13 +67,49 @@ def _model_parallel_class() -> type:
         def get_variable_layout(self, variable):
             if getattr(variable, "_layout", None) is not None:
                 return variable._layout
+            shape = tuple(variable.shape)
+            mesh = self.device_mesh
             mapped = self._layout_map[variable.path]
+            source = "the layout map"
+            if mapped is None:
+                mapped, source = self._own_layout(variable.path)
             if mapped is not None:
-                return mapped
-            columns = self.device_mesh.shape[self.device_mesh.axis_names.index("model")]
-            itemsize = jnp.dtype(variable.dtype).itemsize
-            return TensorLayout(derived_spec(tuple(variable.shape), itemsize, columns),
-                                self.device_mesh)
+                axes = dict(zip(mesh.axis_names, mesh.shape))
+                spec = tuple(mapped.axes) + (None,) * (len(shape) - len(mapped.axes))
+                if all(a is None or d % axes[a] == 0 for a, d in zip(spec, shape)):
+                    _mark(variable, source)
+                    return mapped
+                source = (f"derived: {source}'s {tuple(mapped.axes)} does not divide "
+                          f"{shape} over the mesh {dict(axes)}")
+            else:
+                source = "derived from its shape"
+            _mark(variable, source)
+            columns = mesh.shape[mesh.axis_names.index("model")]
+            return TensorLayout(derived_spec(shape, jnp.dtype(variable.dtype).itemsize, columns),
+                                mesh)
+
+        def _own_layout(self, path: str) -> tuple[Any, str]:
+            """The layout the model being built gives `path`, from its class's
+            `get_layout_map` (found on the stack: the model's own `__init__` or
+            `enable_lora` is creating the variable)."""
+            frame = sys._getframe(2)
+            while frame is not None:
+                owner = type(frame.f_locals.get("self", None))
+                if callable(getattr(owner, "get_layout_map", None)):
+                    own = _own_maps(self).get(owner)
+                    if own is None:
+                        own = _own_maps(self)[owner] = owner.get_layout_map(
+                            self.device_mesh, model_parallel_dim_name="model",
+                            data_parallel_dim_name="batch")
+                    return own[path], f"{owner.__name__}.get_layout_map"
+                frame = frame.f_back
+            return None, ""
+
+    def _own_maps(distribution: Any) -> dict:
+        return distribution.__dict__.setdefault("_tpu_magic_own_maps", {})
+
+    def _mark(variable: Any, source: str) -> None:
+        setattr(variable, LAYOUT_SOURCE, source)
 
     return DerivedModelParallel
 
@@ -262,7 +305,13 @@ class JaxBackend(Named):
 
     def whole_dataset(self, data: Any, batch: int | None, strategy: Any,
                       note: Callable[[str], None], masked: bool = True) -> Any:
-        return data  # tf.data datasets on JAX go to Keras as they are
+        """Batches of a dataset (tf.data or grain, a KerasHub task's own pipeline) read one
+        for one, the short ones padded and masked: JAX splits a batch over the mesh's data
+        rows, and a last batch they do not divide fails there (jax IndivisibleError)."""
+        from tpu_magic.backends.jax_data import WholeBatchStream
+
+        rows = int(strategy.device_mesh.shape[0]) if strategy is not None else 1
+        return WholeBatchStream(data, batch or None, rows, masked)
 
     def dataset_batch_size(self, data: Any) -> int | None:
         return None
@@ -277,6 +326,9 @@ class JaxBackend(Named):
         # Keras on JAX computes a step over the global batch (sharded arrays): its losses
         # and gradients are one device's already.
         return contextlib.nullcontext()
+
+    def replica_sum(self, value: Any) -> Any:
+        return value  # a step computes over the global batch
 
     def model_parallel(self, connection: Connection, rows: int, columns: int) -> Connection:
         import keras
@@ -333,7 +385,7 @@ class JaxBackend(Named):
             shards = getattr(value, "addressable_shards", None)
             per_device = shards[0].data.nbytes if shards else int(value.nbytes)
             rows.append(VariableShard(variable.path, tuple(variable.shape), spec, per_device,
-                                      int(value.nbytes)))
+                                      int(value.nbytes), getattr(variable, LAYOUT_SOURCE, "")))
         return rows
 
     def compile_counts(self) -> cache.CompileCounts | None:

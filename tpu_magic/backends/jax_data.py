@@ -9,6 +9,7 @@ Epoch `e`'s order depends only on (seed, e), so a resumed run sees the same orde
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import keras
@@ -16,6 +17,7 @@ import numpy as np
 
 from tpu_magic.core.arrays import Pipeline, new_seed, num_samples
 from tpu_magic.core.batching import steps_for
+from tpu_magic.core.errors import BatchSizeError
 from tpu_magic.core.packed import MASK, REAL, WEIGHT
 
 
@@ -108,3 +110,78 @@ def predict_pipeline(x: Any, batch: int, strategy: Any = None) -> Pipeline:
     """One ordered pass of inputs only; padding repeats sample 0 and is trimmed afterwards."""
     data = PaddedBatches(x, batch=batch, labelled=False)
     return Pipeline(data, data.steps, data.samples, data.pad)
+
+
+class WholeBatchStream(keras.utils.PyDataset):
+    """A dataset of batches (grain, tf.data on JAX, KerasHub's own pipelines) as whole
+    batches, one for one, read lazily: a short batch (an epoch's last) is padded to the full
+    batch with the padding masked out (`masked`), or, where the model's loss cannot take the
+    mask, cut to a multiple of the data rows. Each pass over a dataset of known length starts
+    a new pass over the source; an endless one (a declared `steps_per_epoch`) is read on.
+
+    Args:
+        source: an iterable of batches (`x`, `(x, y)` or `(x, y, sample_weight)`).
+        batch: the full batch (None: the first batch's size).
+        rows: the number of data rows the batch is split over; a batch must divide by it.
+        masked: pad and mask (True) or cut (False).
+    """
+
+    def __init__(self, source: Any, batch: int | None, rows: int, masked: bool):
+        super().__init__()
+        self.source, self.batch, self.rows, self.masked = source, batch, rows, masked
+        self.length = batches_in(source)
+        self._pass: Any = None
+
+    @property
+    def num_batches(self) -> int | None:
+        return self.length
+
+    def __len__(self) -> int:
+        return self.length if self.length is not None else 0
+
+    def __getitem__(self, i: int) -> Any:
+        if i == 0 or self._pass is None:
+            self._pass = iter(self.source)
+        return self.whole(next(self._pass))
+
+    def whole(self, batch: Any) -> Any:
+        x, y, weight = keras.utils.unpack_x_y_sample_weight(batch)
+        x, y, weight = (None if a is None else keras.tree.map_structure(np.asarray, a)
+                        for a in (x, y, weight))
+        n = num_samples(x)
+        if self.batch is None:
+            self.batch = n
+        if self.batch % self.rows:
+            raise BatchSizeError(f"the dataset's batch of {self.batch} does not split over the "
+                             f"{self.rows} data rows: batch it by a multiple of {self.rows}")
+        if y is None:  # inputs only: cut to equal shares
+            keep = n - n % self.rows
+            return keras.tree.map_structure(lambda a: a[:keep], x)
+        if not self.masked:
+            keep = n - n % self.rows
+            cut = (lambda a: None if a is None else keras.tree.map_structure(lambda v: v[:keep], a))
+            return tuple(p for p in (cut(x), cut(y), cut(weight)) if p is not None)
+        pad = self.batch - n
+        index = np.concatenate([np.arange(n), np.zeros(pad, int)])
+
+        def pick(a):
+            return keras.tree.map_structure(lambda v: v[index], a)
+
+        mask = (np.arange(self.batch) < n).astype("float32")
+        weight = np.ones(self.batch, "float32") if weight is None else \
+            pick(weight).astype("float32")
+        share = np.full(self.batch, n / self.batch, "float32")
+        return pick(x), pick(y), {MASK: mask, WEIGHT: weight, REAL: share}
+
+
+def batches_in(source: Any) -> int | None:
+    """The batches in one pass of a dataset, None where it does not say (or has no end)."""
+    cardinality = getattr(source, "cardinality", None)
+    if callable(cardinality):  # tf.data: -1 infinite, -2 unknown
+        count = int(cardinality())
+        return count if count >= 0 else None
+    try:
+        count = len(source)
+    except TypeError:
+        return None
+    return count if count < sys.maxsize else None

@@ -92,6 +92,10 @@ class Backend(Protocol):
         those of its own batch, as on one device, its optimizers average the replicas'
         gradients, and every optimizer it holds is built before the first step."""
 
+    def replica_sum(self, value: Any) -> Any:
+        """`value` summed over the replicas, inside a step (the value itself where a step
+        sees the global batch)."""
+
     def model_parallel(self, connection: "Connection", rows: int, columns: int) -> "Connection":
         """The connection for a cell that lays the model out over a `rows` × `columns` mesh
         of the connection's devices (data × model), a variable's layout from the model's

@@ -195,8 +195,10 @@ class TensorFlowBackend(Named):
                       note: Callable[[str], None], masked: bool = True) -> Any:
         from tpu_magic.backends import tf_data as pipeline
 
+        if not hasattr(data, "element_spec"):  # a grain dataset: Keras's own adapter reads it
+            return data
         replicas = getattr(strategy, "num_replicas_in_sync", 1)
-        if not (masked and pipeline.labelled(data)):
+        if not (masked and batch and pipeline.labelled(data)):
             return pipeline.equal_shares(data, replicas) if replicas > 1 else data
         if getattr(strategy, "num_replicas_in_sync", 1) > 1 and pipeline.unseeded_shuffle(data):
             note("the dataset shuffles without a seed, so it cannot be split into one "
@@ -226,6 +228,14 @@ class TensorFlowBackend(Named):
                     "on one device): model runs without it here; on a TPU, XLA compiles every "
                     "step anyway.")
         return None
+
+    def replica_sum(self, value: Any) -> Any:
+        import tensorflow as tf
+
+        context = tf.distribute.get_replica_context()
+        if context is None or context.num_replicas_in_sync == 1:
+            return value
+        return context.all_reduce(tf.distribute.ReduceOp.SUM, value)
 
     @contextlib.contextmanager
     def replica_steps(self, model: Any, connection: Connection) -> Iterator[None]:

@@ -41,6 +41,7 @@ class VariableShard:
     spec: tuple[str | None, ...]
     bytes_per_device: int
     total_bytes: int
+    source: str = ""  # where the layout came from: a model's layout map, or derived
 
     @property
     def replicated(self) -> bool:

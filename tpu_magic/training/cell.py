@@ -249,6 +249,8 @@ class TrainingCell:
                 self.report.resumed_from = str(resume_from.path)
                 seed, call["initial_epoch"] = resume_from.seed, resume_from.epoch
         batch = self.inputs.for_fit(model, call, plan, seed)
+        if batch and not plan.global_batch:  # a dataset's batch, read from its first batch
+            plan = plan_batches(batch, self.connection.replicas, what="the dataset's batch")
         if self.mesh or self.options.plan_for:  # before anything runs: it may refuse
             self.report.memory_plan = memory_plan.before_fit(
                 self.connection, model, call["x"], self.options.plan_for)

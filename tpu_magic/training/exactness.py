@@ -28,10 +28,13 @@ models are fed whole batches of real samples only (see `training.inputs`).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import keras
 from keras import ops
+
+# Keras 3 keeps an output's mask as a tensor attribute; these are its own accessors.
+from keras.src.backend.common.masking import get_keras_mask, set_keras_mask
 
 from tpu_magic.core.packed import MASK, REAL, WEIGHT, is_packed
 
@@ -117,8 +120,12 @@ def _per_output(weight: Any, y: Any) -> Any:
     return keras.tree.map_structure(lambda leaf: shaped(weight, leaf), y)
 
 
-def enable(model: Any) -> bool:
+def enable(model: Any, replica_sum: Callable[[Any], Any] = lambda value: value) -> bool:
     """Puts the overrides on `model` (again after a new `compile`).
+
+    Args:
+        replica_sum: a value summed over the replicas inside a step (the backend's; the
+            identity where a step sees the global batch).
 
     Returns:
         True when they were (re)installed: functions traced before must be traced again.
@@ -129,16 +136,39 @@ def enable(model: Any) -> bool:
     original_loss = type(model).compute_loss.__get__(model)
 
     def compute_loss(x=None, y=None, y_pred=None, sample_weight=None, training=True):
-        if not is_packed(sample_weight):
+        predictions = keras.tree.flatten(y_pred)
+        masks = [get_keras_mask(p) for p in predictions]
+        packed = is_packed(sample_weight)
+        if not packed and (all(m is None for m in masks) or not _one_weight(sample_weight)):
             object.__setattr__(model, _REAL_NOW, None)
             return original_loss(x, y, y_pred, sample_weight, training=training)
-        real = ops.cast(sample_weight[REAL], "float32")
-        # This step's (replica's) rows times the batch's real share: its real samples' worth.
-        object.__setattr__(model, _REAL_NOW,
-                           ops.cast(ops.shape(real)[0], "float32") * ops.mean(real))
-        users = ops.cast(sample_weight[WEIGHT], "float32")  # (B,) or per timestep (B, T)
-        weight = _by_row(ops.cast(sample_weight[MASK], "float32") / real, users) * users
-        return original_loss(x, y, y_pred, _per_output(weight, y), training=training)
+        if packed:
+            real = ops.cast(sample_weight[REAL], "float32")
+            users = ops.cast(sample_weight[WEIGHT], "float32")  # (B,) or per timestep (B, T)
+            rows = ops.cast(sample_weight[MASK], "float32")
+            # This step's (replica's) rows times the batch's real share: its real samples' worth.
+            object.__setattr__(model, _REAL_NOW,
+                               ops.cast(ops.shape(real)[0], "float32") * ops.mean(real))
+        else:  # whole batches, a masked output: only its normalization needs care
+            rows = ops.ones((ops.shape(predictions[0])[0],), "float32")
+            real = rows
+            users = rows if sample_weight is None else ops.cast(sample_weight, "float32")
+            object.__setattr__(model, _REAL_NOW, None)
+        weights = [_weight_for(mask, rows, real, users, replica_sum) for mask in masks]
+        if len(weights) == 1:
+            weight = _per_output(weights[0], y)
+        else:
+            weight = keras.tree.pack_sequence_as(y, [shaped(w, leaf) for w, leaf in
+                                                     zip(weights, keras.tree.flatten(y))])
+        for prediction, mask in zip(predictions, masks):  # in the weight now (see _weight_for)
+            if mask is not None:
+                set_keras_mask(prediction, None)
+        try:
+            return original_loss(x, y, y_pred, weight, training=training)
+        finally:  # the metrics read the outputs' masks as Keras left them
+            for prediction, mask in zip(predictions, masks):
+                if mask is not None:
+                    set_keras_mask(prediction, mask)
 
     object.__setattr__(model, "compute_loss", compute_loss)
     _weigh_by_real_samples(model, tracker)
@@ -151,6 +181,32 @@ def enable(model: Any) -> bool:
         _mask_metrics(compiled_metrics)
     object.__setattr__(model, _ENABLED, tracker)
     return True
+
+
+def _weight_for(keras_mask: Any, rows: Any, real: Any, users: Any,
+                replica_sum: Callable[[Any], Any]) -> Any:
+    """One output's loss weight over a (padded) batch.
+
+    Without a Keras mask on the output, Keras's loss divides by the padded batch's elements,
+    so the real rows are weighed up by 1/REAL. With one (a masked sequence, a KerasHub
+    task's padding mask) plain Keras divides by the mask's true entries over the whole
+    batch; here the mask goes into the weight, scaled by all replicas' elements over all
+    replicas' real unmasked entries (padded rows left out), and is taken off the output
+    while the loss is computed: the same mean on one device, on a global batch (JAX) or
+    averaged over replicas that each hold a different share of the masked entries (TF).
+    """
+    if keras_mask is None:
+        return _by_row(rows / real, users) * users
+    valid = ops.cast(keras_mask, "float32") * _by_row(rows, keras_mask)
+    elements = replica_sum(ops.cast(ops.size(valid), "float32"))
+    counted = replica_sum(ops.sum(valid))
+    per_entry = _by_row(users, valid) if len(users.shape) < len(valid.shape) else users
+    return per_entry * valid * ops.divide_no_nan(elements, counted)
+
+
+def _one_weight(sample_weight: Any) -> bool:
+    """No sample weight, or one array for all outputs (not one per output)."""
+    return sample_weight is None or not isinstance(sample_weight, (dict, list, tuple))
 
 
 def _weigh_by_real_samples(model: Any, tracker: Any) -> None:

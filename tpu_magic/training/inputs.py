@@ -78,6 +78,7 @@ class Inputs:
                         or (train.steps if endless else None))
         elif is_dataset(x) and not call.get("class_weight"):  # Keras maps class weights in
             call["x"] = self.dataset(model, x, plan.global_batch)
+            batch = batch or first_batch_size(call["x"])
         self._validation(model, call, plan)
         return batch
 
@@ -133,12 +134,22 @@ class Inputs:
         """A user's dataset as whole batches: padded with the padding masked out where the
         model's loss takes the mask, else every batch cut to equal shares per replica (a
         custom step or an inputs-only dataset: no replica gets an empty or smaller share)."""
-        if not batch and self.connection.replicas == 1:
-            return data
         return self.connection.backend.whole_dataset(
             data, batch, self.connection.strategy, self.note,
-            masked=bool(batch) and exactness.masks_reach_loss(model, has_targets=True))
+            masked=exactness.masks_reach_loss(model, has_targets=True))
 
     def _count(self, what: str, pipeline: arrays.Pipeline) -> None:
         if pipeline.left_out:
             self.left_out[what] = pipeline.left_out
+
+
+def first_batch_size(data: Any) -> int:
+    """The rows of the first batch of built input that can be indexed (a `PyDataset`), 0 where
+    it cannot be told without reading it up."""
+    try:
+        first = data[0] if isinstance(data, keras.utils.PyDataset) else None
+    except (IndexError, TypeError, KeyError, StopIteration):
+        return 0
+    if first is None:
+        return 0
+    return arrays.num_samples(keras.utils.unpack_x_y_sample_weight(first)[0])

@@ -37,7 +37,7 @@ def prepare(model: Any, connection: Any, steps_per_execution: int | None,
         model.jit_compile = False
         retrace = True
     _mark_built_without_call(model)
-    if exactness.enable(model):
+    if exactness.enable(model, connection.backend.replica_sum):
         retrace = True
     changed, said = precision.keep_outputs_float32(chosen, model, label)
     notes += said

@@ -23,8 +23,11 @@ KERAS_DEFAULT_BATCH = 32
 
 
 def is_dataset(data: Any) -> bool:
-    """A tf.data dataset (or anything with an element spec)."""
-    return hasattr(data, "element_spec")
+    """A dataset of batches: tf.data's (anything with an element spec) or grain's (what a
+    KerasHub task makes of arrays)."""
+    return hasattr(data, "element_spec") or any(
+        cls.__name__ in ("MapDataset", "IterDataset") and cls.__module__.startswith("grain")
+        for cls in type(data).__mro__)
 
 
 def as_arrays(call: dict) -> None:

@@ -11,6 +11,7 @@ one device's up to float rounding.
 
 from __future__ import annotations
 
+import collections
 from typing import Any
 
 from tpu_magic.core.errors import ShardError
@@ -90,11 +91,16 @@ def table(rows: list[VariableShard], mesh: tuple[int, int], device_bytes: float 
     total = sum(r.total_bytes for r in rows)
     lines = [f"sharding: mesh {mesh[0]}x{mesh[1]} (data × model); weights {_mib(per_device)} "
              f"per device of {_mib(total)}"]
+    sources = collections.Counter(_kind(r.source) for r in rows if r.source)
+    if sources:
+        lines.append("  layouts: " + ", ".join(f"{count} from {kind}"
+                                                for kind, count in sources.most_common()))
     for row in sorted(rows, key=lambda r: -r.total_bytes)[:largest]:
         spec = "(" + ", ".join(s or "·" for s in row.spec) + ")"
         lines.append(f"  {row.path} {tuple(row.shape)} {spec}: {_mib(row.bytes_per_device)} "
                      "per device")
-    notes = []
+    notes = [f"{row.path} {tuple(row.shape)}: layout {row.source}" for row in rows
+             if row.source.startswith("derived: ")]
     if device_bytes:
         for row in rows:
             if row.replicated and row.total_bytes >= LOUD_SHARE * device_bytes:
@@ -103,6 +109,11 @@ def table(rows: list[VariableShard], mesh: tuple[int, int], device_bytes: float 
                              "% of one device's memory): no model-axis size divides its "
                              "dimensions; give the model a layout map for it, or another --mesh")
     return lines, notes
+
+
+def _kind(source: str) -> str:
+    return "its shape (the model's map did not fit it)" if source.startswith("derived: ") \
+        else "its shape" if source.startswith("derived") else source
 
 
 def _mib(count: int) -> str:
