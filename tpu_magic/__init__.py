@@ -8,7 +8,7 @@ imported by the functions that need them, on first connect.
 from tpu_magic.core.session import Connection, session
 from tpu_magic.notebook.workspace import Workspace, workspace
 
-__all__ = ["Connection", "Workspace", "session", "workspace",
+__all__ = ["Connection", "Workspace", "session", "workspace", "load_adapters",
            "load_ipython_extension", "unload_ipython_extension"]
 __version__ = "0.1.0"
 
@@ -28,3 +28,12 @@ def unload_ipython_extension(ipython):
     from tpu_magic.notebook.magics import unregister
 
     unregister(ipython)
+
+
+def load_adapters(model, path):
+    """Puts LoRA adapters saved by `%tpu_sync MODEL --save PATH --adapters` into `model`
+    (built from the same preset, LoRA enabled with the same rank); returns how many
+    variables were loaded."""
+    from tpu_magic.training.adapters import load_adapters as load
+
+    return load(model, path)

@@ -1,5 +1,6 @@
 """The magics on Keras's JAX backend: `DataParallel` over 8 simulated devices."""
 
+import re
 import sys
 
 import numpy as np
@@ -496,3 +497,56 @@ def test_a_kerashub_backbone_without_a_layout_map_is_derived_from_shapes(ip, mon
     per_device, total = _bytes_per_device(ip.user_ns["lm"], 4)
     assert per_device < total / 2
     assert "from its shape" in report.sharding[1] and "get_layout_map" not in report.sharding[1]
+
+
+def test_shard_auto_keeps_data_parallel_where_it_fits_and_splits_the_model_where_not(
+        ip, monkeypatch):
+    report = train(ip, SHARDED.replace("epochs=2", "epochs=1"), "--no-progress --shard auto")
+    assert report.strategy == "DataParallel" and report.sharding == []
+    assert report.memory_plan.endswith("; --shard auto: data parallel")
+    data_peak = float(re.search(r"memory plan: ([\d.e-]+)", report.memory_plan).group(1))
+
+    # A device with a little more than half the data-parallel step's memory: 1x2 does not
+    # fit (the activations stay per row), the fewest model columns that do are chosen.
+    monkeypatch.setenv("TPU_MAGIC_DEVICE_MEMORY_BYTES", str(int(0.6 * data_peak * 2**30)))
+    plain = {}
+    exec("import numpy as np, keras\n" + SHARDED, plain)
+    report = train(ip, SHARDED, "--no-progress --shard auto")
+    assert ip.user_ns["history"].history["loss"] == pytest.approx(
+        plain["history"].history["loss"], rel=1e-4)
+    assert report.strategy == "DerivedModelParallel"
+    chosen = re.search(r"mesh (\d)x(\d)$", report.memory_plan)
+    rows, columns = int(chosen.group(1)), int(chosen.group(2))
+    assert rows * columns == 8 and columns > 1 and report.replicas == rows
+    planned = float(re.search(r"memory plan: ([\d.e-]+)", report.memory_plan).group(1))
+    assert planned <= 0.9 * 0.6 * data_peak
+    assert report.sharding[0].startswith(f"sharding: mesh {rows}x{columns}")
+    per_device, total = _bytes_per_device(ip.user_ns["sharded"], columns)
+    assert per_device < 0.75 * total  # resharded: the big kernels are split now
+
+    monkeypatch.setenv("TPU_MAGIC_DEVICE_MEMORY_BYTES", str(2**20))  # 1 MiB: nothing fits
+    ip.user_ns.pop("history", None)
+    with pytest.raises(UsageError, match=r"even on a 1x8 mesh.*Nothing has run"):
+        train(ip, SHARDED, "--no-progress --shard auto")
+    assert int(ip.user_ns["sharded"].optimizer.iterations.numpy()) == 0
+
+
+def test_lora_adapters_alone_are_saved_small_and_load_back(ip, tmp_path):
+    train(ip, _hub_lm(heads=8, **GEMMA), "--no-progress --shard model --mesh 2x4")
+    result = ip.run_line_magic("tpu_sync", f"lm --as lm_cpu --save {tmp_path}/gemma --adapters")
+    path = tmp_path / "gemma.adapters.h5"
+    saved, whole = result.adapters
+    assert path.exists() and saved < 0.1 * whole
+    assert "saved the adapters alone" in result.summary()
+    assert path.stat().st_size < 0.2 * whole
+    import tpu_magic as tm
+
+    ip.run_cell(_hub_lm(heads=8, **GEMMA).split("lm.compile")[0].replace("lm =", "fresh ="))
+    fresh = ip.user_ns["fresh"]
+    assert tm.load_adapters(fresh, path) == len(fresh.trainable_weights)
+    tokens = {"token_ids": ip.user_ns["x"]["token_ids"][:3], "padding_mask": ip.user_ns["x"]["padding_mask"][:3]}
+    np.testing.assert_allclose(np.asarray(fresh(tokens)), np.asarray(ip.user_ns["lm_cpu"](tokens)),
+                               atol=1e-4)
+    with pytest.raises(UsageError, match="has no adapters to save alone"):
+        ip.run_cell("dense_only = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])")
+        ip.run_line_magic("tpu_sync", f"dense_only --save {tmp_path}/d --adapters")

@@ -25,8 +25,11 @@ def test_bad_meshes_name_the_value_and_the_ones_that_fit(text, words):
 def test_shard_values():
     assert check_shard(None, None) == "data" and check_shard(None, "2x4") == "model"
     assert check_shard("MODEL", None) == "model"
-    with pytest.raises(ShardError, match="--shard 'tensor': use data .* or model"):
+    assert check_shard("auto", None) == "auto"
+    with pytest.raises(ShardError, match="--shard 'tensor': use data .*, model .* or auto"):
         check_shard("tensor", None)
+    with pytest.raises(ShardError, match="--mesh 2x4 lays out the model"):
+        check_shard("auto", "2x4")
     with pytest.raises(ShardError, match="--mesh 2x4 lays out the model over its columns: use "
                                          "it with --shard model"):
         check_shard("data", "2x4")

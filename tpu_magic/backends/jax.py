@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 import re
 import sys
@@ -67,12 +68,17 @@ def _model_parallel_class() -> type:
         def get_variable_layout(self, variable):
             if getattr(variable, "_layout", None) is not None:
                 return variable._layout
+            return self.layout_for(variable)
+
+        def layout_for(self, variable, owners=()):
+            """The layout of `variable` on this mesh (`owners`: models whose layout maps
+            apply, for variables that exist already)."""
             shape = tuple(variable.shape)
             mesh = self.device_mesh
             mapped = self._layout_map[variable.path]
             source = "the layout map"
             if mapped is None:
-                mapped, source = self._own_layout(variable.path)
+                mapped, source = self._own_layout(variable.path, owners)
             if mapped is not None:
                 axes = dict(zip(mesh.axis_names, mesh.shape))
                 spec = tuple(mapped.axes) + (None,) * (len(shape) - len(mapped.axes))
@@ -88,13 +94,13 @@ def _model_parallel_class() -> type:
             return TensorLayout(derived_spec(shape, jnp.dtype(variable.dtype).itemsize, columns),
                                 mesh)
 
-        def _own_layout(self, path: str) -> tuple[Any, str]:
+        def _own_layout(self, path: str, owners: Any = ()) -> tuple[Any, str]:
             """The layout the model being built gives `path`, from its class's
-            `get_layout_map` (found on the stack: the model's own `__init__` or
-            `enable_lora` is creating the variable)."""
+            `get_layout_map` (found among `owners`, else on the stack: the model's own
+            `__init__` or `enable_lora` is creating the variable)."""
             frame = sys._getframe(2)
-            while frame is not None:
-                owner = type(frame.f_locals.get("self", None))
+            candidates = [type(o) for o in owners] or _selves(frame)
+            for owner in candidates:
                 if callable(getattr(owner, "get_layout_map", None)):
                     own = _own_maps(self).get(owner)
                     if own is None:
@@ -102,8 +108,12 @@ def _model_parallel_class() -> type:
                             self.device_mesh, model_parallel_dim_name="model",
                             data_parallel_dim_name="batch")
                     return own[path], f"{owner.__name__}.get_layout_map"
-                frame = frame.f_back
             return None, ""
+
+    def _selves(frame: Any) -> Iterator[type]:
+        while frame is not None:
+            yield type(frame.f_locals.get("self", None))
+            frame = frame.f_back
 
     def _own_maps(distribution: Any) -> dict:
         return distribution.__dict__.setdefault("_tpu_magic_own_maps", {})
@@ -339,14 +349,31 @@ class JaxBackend(Named):
             layout_map=keras.distribution.LayoutMap(mesh), batch_dim_name="batch")
         return dataclasses.replace(connection, strategy=distribution, replicas=rows)
 
-    def step_memory(self, model: Any, batch: Any) -> StepMemory:
-        """Lowers Keras's own train step for the distribution in force and compiles it from
+    def reshard(self, model: Any, connection: Connection) -> None:
+        """Lays out a model that exists already (its optimizer's and metrics' variables too)
+        for the connection's mesh, one variable at a time: no second whole copy is made."""
+        distribution, owners = connection.strategy, _layout_owners(model)
+        for variable in _state_variables(model):
+            variable._layout = distribution.layout_for(variable, owners)
+            variable._direct_assign(variable.value)
+        model.train_function = model.test_function = model.predict_function = None
+
+    def step_memory(self, model: Any, batch: Any, connection: Connection | None = None
+                    ) -> StepMemory:
+        """Lowers Keras's own train step for the distribution in force (or `connection`'s,
+        with the variables laid out as it would: nothing moves) and compiles it from
         abstract inputs (no step runs, nothing is allocated), donating the state as Keras
         does, and reads XLA's memory analysis of one device."""
+        model._symbolic_build(data_batch=batch)  # what fit does first: loss, metrics, optimizer
+        if connection is None:
+            return self._step_memory(model, batch, None)
+        with connection.strategy.scope():
+            return self._step_memory(model, batch, connection.strategy)
+
+    def _step_memory(self, model: Any, batch: Any, planned: Any) -> StepMemory:
         import keras
 
         jax = require_jax()
-        model._symbolic_build(data_batch=batch)  # what fit does first: loss, metrics, optimizer
         distribution = keras.distribution.distribution()
 
         def abstract(array: Any) -> Any:
@@ -359,12 +386,20 @@ class JaxBackend(Named):
 
         state = model._get_jax_state(trainable_variables=True, non_trainable_variables=True,
                                      optimizer_variables=True, metrics_variables=True)
+        if planned is not None:  # the state as `planned` would lay it out
+            owners = _layout_owners(model)
+            state = tuple(
+                [jax.ShapeDtypeStruct(v.shape, v.value.dtype,
+                                      sharding=planned.layout_for(v, owners).backend_layout)
+                 for v in group] for group in _state_groups(model))
         data = keras.tree.map_structure(abstract, batch)
         compiled = jax.jit(model.train_step, donate_argnums=0).lower(state, data).compile()
         stats = compiled.memory_analysis()
 
         def on_one(arrays: Any) -> int:
-            return sum(_bytes_on_one_device(a) for a in jax.tree_util.tree_leaves(arrays))
+            return sum(_bytes_on_one_device(a) if planned is None else
+                       math.prod(a.sharding.shard_shape(a.shape)) * a.dtype.itemsize
+                       for a in jax.tree_util.tree_leaves(arrays))
 
         weights, optimizer = on_one(state[:2]), on_one(state[2])
         return StepMemory(
@@ -437,6 +472,24 @@ class JaxBackend(Named):
                 yield
         finally:
             keras.distribution.set_distribution(distribution)
+
+
+def _state_groups(model: Any) -> tuple[list, list, list, list]:
+    """A model's variables in the order of Keras's JAX state (`_get_jax_state`)."""
+    optimizer = getattr(model, "optimizer", None)
+    return (list(model.trainable_variables), list(model.non_trainable_variables),
+            list(optimizer.variables) if optimizer is not None else [],
+            list(model.metrics_variables))
+
+
+def _state_variables(model: Any) -> list:
+    return [v for group in _state_groups(model) for v in group]
+
+
+def _layout_owners(model: Any) -> list:
+    """The model and its parts whose class offers `get_layout_map` (a KerasHub backbone)."""
+    return [layer for layer in [model, *model._flatten_layers(include_self=False)]
+            if callable(getattr(type(layer), "get_layout_map", None))]
 
 
 BACKEND = JaxBackend()

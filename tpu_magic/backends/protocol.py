@@ -105,10 +105,14 @@ class Backend(Protocol):
             ShardError: this backend has no model parallelism.
         """
 
-    def step_memory(self, model: Any, batch: Any) -> "StepMemory | None":
+    def step_memory(self, model: Any, batch: Any, connection: "Connection | None" = None
+                    ) -> "StepMemory | None":
         """One device's memory for a training step of `model` on `batch` (arrays of the
         global batch's shapes), from the compiler, before any step runs (None: this backend
-        cannot tell)."""
+        cannot tell). With `connection`: on its mesh, as if the model were laid out there."""
+
+    def reshard(self, model: Any, connection: "Connection") -> None:
+        """Lays out an existing model's variables for `connection`'s mesh, one at a time."""
 
     def shard_rows(self, model: Any) -> list:
         """Each of the model's variables as a `core.layouts.VariableShard`: its layout on the

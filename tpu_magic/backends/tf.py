@@ -281,8 +281,11 @@ class TensorFlowBackend(Named):
     def shard_rows(self, model: Any) -> list:
         return []
 
-    def step_memory(self, model: Any, batch: Any) -> None:
+    def step_memory(self, model: Any, batch: Any, connection: Connection | None = None) -> None:
         return None  # planned on JAX, where Keras's model parallelism is
+
+    def reshard(self, model: Any, connection: Connection) -> None:
+        self.model_parallel(connection, 1, 1)  # says that it needs JAX
 
     def compile_counts(self) -> None:
         return None  # TensorFlow keeps no persistent compilation cache for Keras's steps

@@ -39,7 +39,7 @@ class TpuMagics(Magics, Configurable):
     precision = Unicode("", help="Default --precision of %%tpu_train: auto, bf16, mixed_bf16, "
                                  "fp16 or fp32 ('': the Keras dtype policy as it is)."
                         ).tag(config=True)
-    shard = Unicode("", help="Default --shard of %%tpu_train: data or model ('': data)."
+    shard = Unicode("", help="Default --shard of %%tpu_train: data, model or auto ('': data)."
                     ).tag(config=True)
 
     def __init__(self, shell):
@@ -152,7 +152,7 @@ class TpuMagics(Magics, Configurable):
         return self._sync(None, None, path, action="Save" if path else "Sync").summary()
 
     def _sync(self, model: str | None, as_name: str | None, save: str | None,
-              action: str = "%tpu_sync"):
+              action: str = "%tpu_sync", adapters: bool = False):
         """`%tpu_sync` and the panel's buttons: a CPU copy bound in the user's namespace."""
         from tpu_magic.notebook.quiet import quiet_native_logs, tensorflow_info_silenced
         from tpu_magic.core.session import session
@@ -173,7 +173,8 @@ class TpuMagics(Magics, Configurable):
             return sync_into(self.shell.user_ns, model, as_name, save,
                              last_model=workspace.last_model,
                              last_name=workspace.last_model_name,
-                             backend=current.backend if current is not None else None)
+                             backend=current.backend if current is not None else None,
+                             adapters=adapters)
 
     @magic_arguments()
     @argument("--batch-size", type=int, metavar="B",
@@ -193,9 +194,11 @@ class TpuMagics(Magics, Configurable):
               help="dtype policy for models built in the cell (auto: mixed bfloat16 on TPUs "
                    "and bf16 GPUs, mixed float16 on older GPUs, float32 on CPUs; default "
                    "TpuMagics.precision, else Keras's policy as it is)")
-    @argument("--shard", metavar="data|model",
+    @argument("--shard", metavar="data|model|auto",
               help="data: replicate the model, split the batch (default); model (JAX): also "
-                   "split the model's large variables over the devices (default TpuMagics.shard)")
+                   "split the model's large variables over the devices; auto (JAX): data where "
+                   "the memory plan fits a device, else the fewest model columns that fit "
+                   "(default TpuMagics.shard)")
     @argument("--mesh", metavar="BxM",
               help="with --shard model: B data rows by M model columns (default 1x<devices>)")
     @argument("--plan-for", metavar="CHIP-N",
@@ -314,6 +317,9 @@ class TpuMagics(Magics, Configurable):
               help="the CPU copy's name in the notebook (default: MODEL_cpu)")
     @argument("--save", metavar="PATH",
               help="also write the weights to PATH (.weights.h5, written atomically)")
+    @argument("--adapters", action="store_true",
+              help="with --save: write the LoRA adapters alone (PATH.adapters.h5, a few "
+                   "percent of the model; tpu_magic.load_adapters(model, path) reads it)")
     @line_magic
     @usage_errors
     def tpu_sync(self, line=""):
@@ -323,9 +329,10 @@ class TpuMagics(Magics, Configurable):
 
             %tpu_sync                               # model → model_cpu
             %tpu_sync cnn --as cnn_small --save drive/cnn   # also writes drive/cnn.weights.h5
+            %tpu_sync lm --save lora --adapters     # LoRA adapters alone: lora.adapters.h5
         """
         args = _parse(self.tpu_sync, line)
-        return self._sync(args.model, args.as_name, args.save)
+        return self._sync(args.model, args.as_name, args.save, adapters=args.adapters)
 
 
 # `%tpu_train?` (one %) finds the line magic: it shows the cell magic's whole help.

@@ -251,9 +251,7 @@ class TrainingCell:
         batch = self.inputs.for_fit(model, call, plan, seed)
         if batch and not plan.global_batch:  # a dataset's batch, read from its first batch
             plan = plan_batches(batch, self.connection.replicas, what="the dataset's batch")
-        if self.mesh or self.options.plan_for:  # before anything runs: it may refuse
-            self.report.memory_plan = memory_plan.before_fit(
-                self.connection, model, call["x"], self.options.plan_for)
+        _plan_memory(self, model, call["x"])  # before anything runs: it may refuse
         timing = FitTiming(global_batch=batch, flops_per_sample=self.flops.per_sample(model),
                            tokens_per_sample=utilization.tokens_per_sample(recorded.arguments["x"]))
         progress = FitProgress(timing, bar=self.bar if self.options.progress else None,
@@ -266,7 +264,7 @@ class TrainingCell:
             call["verbose"] = 0
         interrupted, failure = False, None
         compiled_before = self.connection.backend.compile_counts()
-        with stop_on_interrupt(model) as stop:
+        with stop_on_interrupt(model) as stop, self.connection.strategy.scope():
             try:
                 history = routing.keras_method("fit")(model, **call)
             except KeyboardInterrupt:
@@ -330,6 +328,23 @@ class TrainingCell:
 
     def _predict_on_batch(self, model: Any, call: dict, named: set) -> Any:
         return self._predict(model, _predict_on_batch_call(call), {"x"})
+
+
+def _plan_memory(cell: TrainingCell, model: Any, data: Any) -> None:
+    """The memory plan before the first step (`--shard model`, `--plan-for`), and
+    `--shard auto`'s choice: where data parallelism does not fit, the model is laid out over
+    the mesh that does, and the cell trains there from now on."""
+    options = cell.options
+    if (options.shard or "").lower() == "auto" and cell.mesh is None:
+        connection, mesh, cell.report.memory_plan = memory_plan.choose(
+            cell.connection, model, data, options.plan_for)
+        if mesh is not None:
+            connection.backend.reshard(model, connection)
+            cell.connection, cell.mesh = connection, mesh
+            cell.report.strategy, cell.report.replicas = connection.strategy_name, mesh[0]
+    elif cell.mesh or options.plan_for:
+        cell.report.memory_plan = memory_plan.before_fit(cell.connection, model, data,
+                                                         options.plan_for)
 
 
 def _predict_on_batch_call(call: dict) -> dict:

@@ -85,6 +85,39 @@ def before_fit(connection: Any, model: Any, data: Any, plan_for: str | None) -> 
     return line(memory, total, where)
 
 
+def choose(connection: Any, model: Any, data: Any, plan_for: str | None
+           ) -> tuple[Any, tuple[int, int] | None, str | None]:
+    """`--shard auto`: data parallel where its step fits a device with headroom, else the
+    fewest model columns M (a divisor of the devices) whose step fits, the data rows taking
+    the rest; each planned from abstract inputs, before anything runs.
+
+    Returns:
+        (the connection to train on, its mesh (None: data parallel), the plan's line).
+
+    Raises:
+        MemoryPlanError: not even the most model columns fit (the fixes named).
+    """
+    planned = target_chip(plan_for, len(connection.devices) or connection.replicas)
+    batch = first_batch(data)
+    memory = None if batch is None else connection.backend.step_memory(model, batch)
+    if memory is None:  # no plan (TensorFlow, or no batch to plan from): data parallel
+        return connection, None, None
+    total = device_bytes(connection, planned)
+    where = f"per {planned[0].name} device" if planned else "per device"
+    if total is None or memory.peak <= HEADROOM * total:
+        return connection, None, line(memory, total, where) + "; --shard auto: data parallel"
+    devices = connection.replicas
+    for columns in [m for m in range(2, devices + 1) if devices % m == 0]:
+        candidate = connection.backend.model_parallel(connection, devices // columns, columns)
+        memory = connection.backend.step_memory(model, batch, candidate)
+        if memory.peak <= HEADROOM * total:
+            mesh = (devices // columns, columns)
+            return candidate, mesh, (line(memory, total, where) + f"; --shard auto: data "
+                                     f"parallel needs more, so model columns, mesh "
+                                     f"{mesh[0]}x{mesh[1]}")
+    raise MemoryPlanError(refusal(memory, total, where + f" even on a 1x{devices} mesh"))
+
+
 def line(memory: StepMemory, total: float | None, where: str) -> str:
     parts = (f"weights {_gib(memory.weights)}, optimizer {_gib(memory.optimizer)}, "
              f"activations and gradients {_gib(memory.temporaries)}, batch {_gib(memory.batch)}")

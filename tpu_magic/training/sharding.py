@@ -19,7 +19,7 @@ from tpu_magic.core.layouts import VariableShard
 
 # A replicated variable at least this share of a device's memory gets a note.
 LOUD_SHARE = 0.10
-SHARDS = ("data", "model")
+SHARDS = ("data", "model", "auto")
 
 
 def parse_mesh(text: str | None, devices: int) -> tuple[int, int]:
@@ -51,9 +51,10 @@ def check_shard(shard: str | None, mesh: str | None) -> str:
     """
     chosen = (shard or ("model" if mesh else "data")).lower()
     if chosen not in SHARDS:
-        raise ShardError(f"--shard {shard!r}: use data (replicate the model, split the batch) "
-                         "or model (split the model's large variables too, on JAX)")
-    if chosen == "data" and mesh:
+        raise ShardError(f"--shard {shard!r}: use data (replicate the model, split the batch), "
+                         "model (split the model's large variables too, on JAX) or auto (data "
+                         "where the memory plan fits, else the fewest model columns that fit)")
+    if chosen in ("data", "auto") and mesh:
         raise ShardError(f"--mesh {mesh} lays out the model over its columns: use it with "
                          "--shard model (or leave --mesh out for data parallelism)")
     return chosen
@@ -66,8 +67,8 @@ def connection_for(connection: Any, shard: str | None, mesh: str | None
     Raises:
         ShardError: a bad --shard or --mesh, or a backend without model parallelism.
     """
-    if check_shard(shard, mesh) == "data":
-        return connection, None
+    if check_shard(shard, mesh) in ("data", "auto"):  # auto: data until the plan says (see
+        return connection, None                         # memory_plan.choose)
     rows, columns = parse_mesh(mesh, connection.replicas)
     return connection.backend.model_parallel(connection, rows, columns), (rows, columns)
 

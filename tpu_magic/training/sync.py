@@ -22,6 +22,7 @@ import numpy as np
 from tpu_magic.core.atomic import atomic_path
 from tpu_magic import backends
 from tpu_magic.core.errors import SyncError
+from tpu_magic.training import adapters as lora
 from tpu_magic.training.precision import float32_config
 from tpu_magic.training.rewrap import custom_objects_from, unbuildable
 from tpu_magic.core.variables import replica_weights
@@ -55,6 +56,7 @@ class SyncReport:
     replicas: int = 1
     averaged_names: tuple[str, ...] = ()
     path: str | None = None
+    adapters: tuple[int, int] | None = None  # --adapters: (bytes saved, bytes of the model)
 
     def summary(self) -> str:
         lines = [f"tpu_sync: `{self.name}` → `{self.as_name}` on the CPU, "
@@ -69,7 +71,13 @@ class SyncReport:
             against = " from replica 0 (before averaging)" if self.averaged else ""
             lines.append(f"  probe batch of {PROBE_ROWS}: largest prediction difference{against} "
                          f"{self.max_abs_diff:.3g}")
-        if self.path:
+        if self.path and self.adapters:
+            saved, whole = self.adapters
+            lines.append(f"  saved the adapters alone: {self.path}, {saved / 2**20:.2f} MiB of the "
+                         f"model's {whole / 2**20:.2f} MiB (load with "
+                         f"`tpu_magic.load_adapters(model, path)` into the model built from "
+                         "the same preset, LoRA enabled with the same rank)")
+        elif self.path:
             lines.append(f"  saved: {self.path} (load with `{self.as_name}.load_weights(path)`)")
         return "\n".join(lines)
 
@@ -154,7 +162,20 @@ def cpu_copy(model: Any, custom_objects: Mapping[str, Any], backend: Any,
     serialized = float32_config(variable_batch(serialized))  # float32 for any 16-bit policy
     compile_config = serialized.pop("compile_config", None)
     with backend.on_the_cpu():
-        return _rebuild(serialized, compile_config, objects, label, type(model).__name__)
+        new = _rebuild(serialized, compile_config, objects, label, type(model).__name__)
+        _same_lora(model, new)
+        return new
+
+
+def _same_lora(model: Any, new: Any) -> None:
+    """LoRA enabled on the copy's layers where the model has it, and the same layers frozen: a
+    config need not say so (KerasHub's backbones rebuild without their adapters)."""
+    for theirs, ours in zip(model._flatten_layers(), new._flatten_layers()):
+        if getattr(theirs, "lora_enabled", False) and not getattr(ours, "lora_enabled", True):
+            alpha = getattr(theirs, "lora_alpha", None)
+            ours.enable_lora(theirs.lora_rank, **({"lora_alpha": alpha} if alpha else {}))
+        if ours.trainable != theirs.trainable:
+            ours.trainable = theirs.trainable
 
 
 def _rebuild(serialized: Any, compile_config: Any, objects: Mapping[str, Any], label: str,
@@ -203,7 +224,8 @@ def _predict(model: Any, batch: list[np.ndarray], backend: Any) -> list[np.ndarr
 
 def sync_to_cpu(model: Any, *, name: str, as_name: str,
                 custom_objects: Mapping[str, Any] = {},
-                save: str | None = None, backend: Any = None) -> tuple[Any, SyncReport]:
+                save: str | None = None, backend: Any = None,
+                adapters: bool = False) -> tuple[Any, SyncReport]:
     """Copies a trained model to the CPU; optionally writes its weights atomically.
 
     Args:
@@ -212,6 +234,7 @@ def sync_to_cpu(model: Any, *, name: str, as_name: str,
         custom_objects: classes and functions its config refers to.
         save: a path for `.weights.h5` (the ending is added when missing).
         backend: the model's `backends.Backend` (default: the imported keras's).
+        adapters: save the trainable variables alone (LoRA adapters; see `adapters`).
 
     Returns:
         (the CPU model, a `SyncReport`).
@@ -220,7 +243,11 @@ def sync_to_cpu(model: Any, *, name: str, as_name: str,
         SyncError: the model cannot be copied, or the save path is unusable.
     """
     start = time.perf_counter()
-    path = weights_path(save) if save is not None else None
+    if adapters and save is None:
+        raise SyncError("--adapters saves the LoRA adapters alone: give the file too, "
+                        "e.g. %tpu_sync --save gemma_lora --adapters")
+    path = (None if save is None else
+            lora.adapters_path(save) if adapters else weights_path(save))
     if not model.built:
         raise SyncError(f"model {name!r} has no weights yet: train it first")
     backend = backend or backends.active()
@@ -237,14 +264,17 @@ def sync_to_cpu(model: Any, *, name: str, as_name: str,
     if probe is not None:
         ours, theirs = _predict(model, probe, backend), _predict(new, probe, backend)
         diff = max(float(np.max(np.abs(a - b))) if a.size else 0.0 for a, b in zip(ours, theirs))
-    if path is not None:
+    saved = None
+    if path is not None and adapters:
+        saved = lora.save_adapters(model, path, name)  # its own trainable variables
+    elif path is not None:
         save_weights(new, path)
     report = SyncReport(name=name, as_name=as_name,
                         parameters=int(sum(w.size for w in weights)),
                         seconds=time.perf_counter() - start, max_abs_diff=diff,
                         averaged=len(averaged), averaged_names=tuple(averaged),
                         replicas=replicas,
-                        path=str(path) if path is not None else None)
+                        path=str(path) if path is not None else None, adapters=saved)
     return new, report
 
 
@@ -294,12 +324,13 @@ def save_weights(model: Any, path: Path) -> None:
 
 def sync_into(namespace: MutableMapping[str, Any], name: str | None, as_name: str | None,
               save: str | None, last_model: Any = None,
-              last_name: str | None = None, backend: Any = None) -> SyncReport:
+              last_name: str | None = None, backend: Any = None,
+              adapters: bool = False) -> SyncReport:
     """`%tpu_sync`: picks the model, copies it, and binds the copy in the namespace."""
     name, model = choose_model(namespace, name, last_model, last_name)
     target = copy_name(name, as_name)
     new, report = sync_to_cpu(model, name=name, as_name=target,
                               custom_objects=custom_objects_from(namespace, model), save=save,
-                              backend=backend)
+                              backend=backend, adapters=adapters)
     namespace[target] = new
     return report
