@@ -27,10 +27,12 @@ setup(
                  # KerasHub's small-config language models (dev.sh installs keras-hub itself
                  # without its tensorflow-text, which would pull the full tensorflow wheel
                  # beside tensorflow-cpu): what it imports, and grain, its TF-free data loader.
-                 *HUB_LIGHT],
+                 *HUB_LIGHT, "ipyparallel>=8.6"],
         # KerasHub language models (Gemma, Llama, Qwen, Mistral) for `--shard model`; Kaggle's
         # and Colab's images have it already.
         "hub": ["keras-hub>=0.20", "grain"],
+        # Several hosts (`%tpu_connect --hosts/--simulate HxD`): IPython's engines, one a host.
+        "hosts": ["ipyparallel>=8.6", "jax>=0.4.30"],
         # The panel's real-browser test drives Debian's chromium (apt), not a downloaded one.
         "browser": ["jupyterlab>=4", "playwright>=1.40"],
         # Keras on JAX (`%tpu_connect --backend jax`); on a TPU VM: pip install "jax[tpu]".

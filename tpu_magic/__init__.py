@@ -8,7 +8,7 @@ imported by the functions that need them, on first connect.
 from tpu_magic.core.session import Connection, session
 from tpu_magic.notebook.workspace import Workspace, workspace
 
-__all__ = ["Connection", "Workspace", "session", "workspace", "load_adapters",
+__all__ = ["Connection", "Workspace", "session", "workspace", "load_adapters", "hosts_outputs",
            "load_ipython_extension", "unload_ipython_extension"]
 __version__ = "0.1.0"
 
@@ -37,3 +37,12 @@ def load_adapters(model, path):
     from tpu_magic.training.adapters import load_adapters as load
 
     return load(model, path)
+
+
+def hosts_outputs():
+    """What every host printed in the last `%%tpu_train` cell on several hosts, by host
+    (`{"host 0 (name)": text, ...}`); empty without such a connection."""
+    from tpu_magic.core import process
+
+    hosts = process.hosts()
+    return dict(hosts.outputs) if hosts is not None else {}

@@ -13,6 +13,7 @@ PACKAGE = ROOT / "tpu_magic"
 # folders that share a layer may not import each other.
 LAYERS = [
     ("tpu_magic", "tpu_magic.datasets", "tpu_magic.notebook"),
+    ("tpu_magic.hosts",),
     ("tpu_magic.connecting", "tpu_magic.training"),
     ("tpu_magic.backends",),
     ("tpu_magic.core",),

@@ -125,6 +125,75 @@ def _model_parallel_class() -> type:
 
 
 @contextlib.contextmanager
+def _outputs_gathered(model: Any, distribution: Any) -> Iterator[None]:
+    """`model.predict_step` with its outputs replicated (an all-gather in the step), while a
+    call runs across processes; Keras then reads each process's copy as the whole batch."""
+    jax = require_jax()
+    everywhere = jax.sharding.NamedSharding(distribution.device_mesh.backend_mesh,
+                                            jax.sharding.PartitionSpec())
+    own = type(model).predict_step.__get__(model)
+
+    def predict_step(state: Any, data: Any) -> Any:
+        outputs, rest = own(state, data)
+        return jax.tree_util.tree_map(
+            lambda out: jax.lax.with_sharding_constraint(out, everywhere), outputs), rest
+
+    before = model.__dict__.get("predict_step")
+    object.__setattr__(model, "predict_step", predict_step)
+    model.predict_function = None
+    try:
+        yield
+    finally:
+        if before is None:
+            model.__dict__.pop("predict_step", None)
+        else:
+            object.__setattr__(model, "predict_step", before)
+        model.predict_function = None
+
+
+def join_processes(coordinator: str, count: int, index: int, local_devices: int | None,
+                   timeout: float) -> Connection:
+    """This process as process `index` of `count` in one multi-controller JAX run (one
+    process a host, all running the same program), and Keras's `DataParallel` over every
+    process's devices, each process feeding its own rows of a batch (`auto_shard_dataset`
+    off; `jax_data` picks the rows). `local_devices`: a rehearsal on one machine, that many
+    CPU devices a process and gloo collectives.
+
+    Raises:
+        ConnectError: the coordinator or another process did not answer within `timeout`.
+    """
+    process.set_environment("KERAS_BACKEND", "jax", "every host's process runs Keras on JAX "
+                            "(multi-controller JAX)")
+    if local_devices is not None:
+        process.set_environment("JAX_PLATFORMS", "cpu", "a rehearsal of several hosts runs on "
+                                "the CPU")
+        process.set_environment(
+            "XLA_FLAGS", host_device_flags(os.environ.get("XLA_FLAGS", ""), local_devices),
+            "JAX splits the CPU into devices once, when its runtime starts")
+    jax = require_jax()
+    if local_devices is not None:
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    try:
+        jax.distributed.initialize(coordinator, count, index,
+                                   initialization_timeout=max(int(timeout), 1))
+    except Exception as exc:  # noqa: BLE001 - JAX raises XlaRuntimeError/RuntimeError here
+        raise ConnectError(f"process {index} of {count} could not join the JAX run at "
+                           f"{coordinator} within {timeout:g} s: {str(exc).splitlines()[0]}"
+                           ) from None
+    import keras
+
+    devices = jax.devices()
+    connection = Connection(
+        target=f"hosts:{count}x{jax.local_device_count()}", kind=devices[0].platform,
+        replicas=len(devices),
+        strategy=keras.distribution.DataParallel(devices=devices, auto_shard_dataset=False),
+        backend=BACKEND, simulated=local_devices is not None,
+        devices=tuple(str(d) for d in devices))
+    process.set_connection(connection)
+    return connection
+
+
+@contextlib.contextmanager
 def _native_stderr_kept() -> Iterator[Callable[[], str]]:
     """Catches what native code writes to the process's stderr (libtpu's "could not determine
     TPU accelerator type", its source-location traces) in a file instead of the cell; yields
@@ -334,11 +403,18 @@ class JaxBackend(Named):
 
     def replica_steps(self, model: Any, connection: Connection) -> Any:
         # Keras on JAX computes a step over the global batch (sharded arrays): its losses
-        # and gradients are one device's already.
-        return contextlib.nullcontext()
+        # and gradients are one device's already. Across processes (several hosts), each
+        # holds only its rows of a prediction, which Keras cannot read back: there the
+        # outputs are gathered onto every device inside the step.
+        if require_jax().process_count() == 1:
+            return contextlib.nullcontext()
+        return _outputs_gathered(model, connection.strategy)
 
     def replica_sum(self, value: Any) -> Any:
         return value  # a step computes over the global batch
+
+    def leads(self) -> bool:
+        return require_jax().process_index() == 0  # one process a host: process 0 writes
 
     def model_parallel(self, connection: Connection, rows: int, columns: int) -> Connection:
         import keras

@@ -60,6 +60,8 @@ class PaddedBatches(keras.utils.PyDataset):
 
     def __getitem__(self, i: int) -> tuple:
         index = self.order[i * self.batch:(i + 1) * self.batch]
+        real_share = float(np.mean(index >= 0))  # of the whole batch, on every process
+        index = own_rows(index)
         real = index >= 0
         safe = np.where(real, index, 0)
 
@@ -74,7 +76,7 @@ class PaddedBatches(keras.utils.PyDataset):
         weight = None if self.sample_weight is None else pick(self.sample_weight)
         if self.pad:
             mask = real.astype("float32")
-            share = np.full(len(mask), mask.mean(), "float32")
+            share = np.full(len(mask), real_share, "float32")
             weight = np.ones_like(mask) if weight is None else weight.astype("float32")
             return picked + ({MASK: mask, WEIGHT: weight, REAL: share},)
         return picked if weight is None else picked + (weight,)
@@ -110,6 +112,19 @@ def predict_pipeline(x: Any, batch: int, strategy: Any = None) -> Pipeline:
     """One ordered pass of inputs only; padding repeats sample 0 and is trimmed afterwards."""
     data = PaddedBatches(x, batch=batch, labelled=False)
     return Pipeline(data, data.steps, data.samples, data.pad)
+
+
+def own_rows(batch: np.ndarray) -> np.ndarray:
+    """This process's rows of a global batch: all of it in one process; across processes
+    (one a host), process p feeds the p-th equal part, and Keras assembles the global batch
+    from the parts (`DataParallel(auto_shard_dataset=False)`)."""
+    import jax
+
+    count = jax.process_count()
+    if count == 1:
+        return batch
+    part = len(batch) // count
+    return batch[jax.process_index() * part:(jax.process_index() + 1) * part]
 
 
 class WholeBatchStream(keras.utils.PyDataset):

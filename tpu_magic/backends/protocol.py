@@ -92,6 +92,10 @@ class Backend(Protocol):
         those of its own batch, as on one device, its optimizers average the replicas'
         gradients, and every optimizer it holds is built before the first step."""
 
+    def leads(self) -> bool:
+        """Whether this process writes the files a run keeps (checkpoints): process 0 of
+        several hosts' processes, else the one process."""
+
     def replica_sum(self, value: Any) -> Any:
         """`value` summed over the replicas, inside a step (the value itself where a step
         sees the global batch)."""

@@ -229,6 +229,9 @@ class TensorFlowBackend(Named):
                     "step anyway.")
         return None
 
+    def leads(self) -> bool:
+        return True  # one process
+
     def replica_sum(self, value: Any) -> Any:
         import tensorflow as tf
 

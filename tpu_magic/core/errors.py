@@ -61,3 +61,7 @@ class ShardError(TpuMagicError):
 
 class MemoryPlanError(TpuMagicError):
     """A training step that will not fit a device's memory, or a --plan-for that cannot be."""
+
+
+class HostsError(TpuMagicError):
+    """Several hosts: an engine that did not answer, died, or a cell that failed on hosts."""

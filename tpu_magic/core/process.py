@@ -6,6 +6,8 @@ that no shell or thread can have a copy of:
 - **the connection** (`Connection`): TensorFlow's and JAX's runtimes hold one set of
   devices per process; every notebook shell in it trains on the same one. `%tpu_connect`
   replaces it (refused while any shell's panel job trains).
+- **the hosts** (`hosts.cluster.Hosts`): the ipyparallel engines a notebook trains on, one
+  a host; `%tpu_connect --hosts/--simulate HxD` replaces them.
 - **TensorFlow's TPU system**: TensorFlow initializes one TPU system per process and cannot
   take a second address without a restart.
 - **TensorFlow's mirrored strategies**: one per device set. A second strategy over the same
@@ -27,6 +29,7 @@ from typing import Any, Callable
 
 _lock = threading.Lock()
 _connection: Any = None
+_hosts: Any = None
 _tpu_system: str | None = None
 _strategies: dict[tuple[str, ...], Any] = {}
 ENVIRONMENT_SET: dict[str, str] = {}  # variable → why tpu_magic set it
@@ -42,6 +45,18 @@ def set_connection(new: Any) -> None:
     global _connection
     with _lock:
         _connection = new
+
+
+def hosts() -> Any:
+    """The process's several-hosts connection (`hosts.cluster.Hosts`), or None: the engines
+    a notebook drives are one set per kernel, like its devices."""
+    return _hosts
+
+
+def set_hosts(new: Any) -> None:
+    global _hosts
+    with _lock:
+        _hosts = new
 
 
 def tpu_system() -> str | None:

@@ -7,6 +7,8 @@ so IPython prints the message without a traceback.
 from __future__ import annotations
 
 import functools
+import os
+import sys
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
@@ -56,8 +58,11 @@ class TpuMagics(Magics, Configurable):
     @magic_arguments()
     @argument("target", nargs="?", default="auto",
               help="auto (default), local (TPU VM), grpc://HOST:PORT, a TPU name, gpu or cpu")
-    @argument("--simulate", type=int, metavar="N",
-              help="split the CPU into N logical devices and replicate over them")
+    @argument("--simulate", metavar="N|HxD",
+              help="split the CPU into N logical devices and replicate over them; HxD: H "
+                   "local hosts (ipyparallel engines) of D devices each, one JAX run")
+    @argument("--hosts", metavar="PROFILE[/CLUSTER_ID]",
+              help="several hosts: a running ipyparallel cluster, one engine a host")
     @argument("--timeout", type=float, metavar="SECONDS",
               help="seconds a TPU node may take to answer (default: TpuMagics.timeout, 30)")
     @argument("--check", action="store_true",
@@ -80,6 +85,8 @@ class TpuMagics(Magics, Configurable):
             %tpu_connect --simulate 8     # rehearse an 8-core TPU on the CPU
             %tpu_connect local --check    # a TPU VM, with the device check
             %tpu_connect grpc://10.0.0.2:8470 --timeout 20   # a TPU node, bounded
+            %tpu_connect --simulate 2x4   # rehearse 2 hosts of 4 devices (ipyparallel engines)
+            %tpu_connect --hosts slice    # a running ipyparallel cluster, one engine a host
         """
         from dataclasses import replace
 
@@ -92,10 +99,14 @@ class TpuMagics(Magics, Configurable):
 
         args = _parse(self.tpu_connect, line)
         require_process_idle("%tpu_connect")  # one connection per process: every shell's jobs
+        simulate, layout = _simulate(args.simulate)
+        _end_hosts()  # a new connection replaces the hosts a notebook drove
+        if args.hosts or layout:
+            return self._connect_hosts(args.hosts, layout, args.timeout)
         quiet_native_logs()
         with tensorflow_info_silenced():
             result = connect(
-                args.target, simulate=args.simulate, backend=args.backend,
+                args.target, simulate=simulate, backend=args.backend,
                 compile_cache=args.compile_cache, timeout=self.timeout if args.timeout is None else args.timeout,
             )
         self.workspace.connected(session())
@@ -105,6 +116,19 @@ class TpuMagics(Magics, Configurable):
         if not args.no_panel:
             self._show_panel(result)
         return result
+
+    def _connect_hosts(self, name: str | None, layout: tuple[int, int] | None,
+                       timeout: float | None):
+        """`--hosts`/`--simulate HxD`: the engines, joined into one JAX run."""
+        from tpu_magic.core import process
+        from tpu_magic.hosts import cluster
+
+        # Starting engines and their runtimes takes longer than a TPU node's answer.
+        bound = timeout if timeout is not None else max(self.timeout, HOSTS_TIMEOUT)
+        hosts = (cluster.start_local(*layout, bound) if layout
+                 else cluster.attach(name, bound))
+        process.set_hosts(hosts)
+        return hosts
 
     def _show_panel(self, result) -> None:
         """The panel under the cell, or a one-line warning where widgets cannot show."""
@@ -161,6 +185,10 @@ class TpuMagics(Magics, Configurable):
 
         workspace = self.workspace
         workspace.require_idle(action)  # a job would change the weights mid-copy
+        from tpu_magic.core import process
+
+        if process.hosts() is not None:
+            return self._sync_from_hosts(process.hosts(), model, as_name, save)
         # What can be refused is refused before TensorFlow or Keras is imported.
         name, _ = choose_model(self.shell.user_ns, model, workspace.last_model,
                                workspace.last_model_name)
@@ -175,6 +203,34 @@ class TpuMagics(Magics, Configurable):
                              last_name=workspace.last_model_name,
                              backend=current.backend if current is not None else None,
                              adapters=adapters)
+
+    def _sync_from_hosts(self, hosts, model: str | None, as_name: str | None,
+                         save: str | None):
+        """`%tpu_sync` on several hosts: process 0's model, rebuilt here on the CPU."""
+        from tpu_magic.core import process
+        from tpu_magic.core.errors import SyncError
+        from tpu_magic.hosts import run
+        from tpu_magic.training.sync_target import copy_name
+
+        name = model or hosts.last_model
+        if name is None:
+            raise SyncError("nothing trained on the hosts yet: run a %%tpu_train cell first, "
+                            "or name the model: %tpu_sync MODEL")
+        target = copy_name(name, as_name)
+        state = run.model_state(hosts, name)
+        if "keras" not in sys.modules:  # the copy is a JAX model on this kernel's CPU
+            process.set_environment("KERAS_BACKEND", "jax", "the hosts' model is Keras on "
+                                    "JAX; its copy here is too")
+            process.set_environment("JAX_PLATFORMS", "cpu", "the copy lives on the CPU",
+                                    keep_users=True)
+        from tpu_magic.training.sync import copy_from_state
+
+        classes = {k: v for k, v in self.shell.user_ns.items() if isinstance(v, type)}
+        new, report = copy_from_state(state, name=name, as_name=target, custom_objects=classes,
+                                      save=save, source=f"{hosts.engines[0].label}, "
+                                                        f"gathered from {len(hosts.engines)} hosts")
+        self.shell.user_ns[target] = new
+        return report
 
     @magic_arguments()
     @argument("--batch-size", type=int, metavar="B",
@@ -239,6 +295,18 @@ class TpuMagics(Magics, Configurable):
                                  f"%%tpu_train --checkpoint ckpt {flag}")
         workspace = self.workspace
         workspace.require_idle("%%tpu_train")
+        from tpu_magic.core import process
+
+        if process.hosts() is not None:  # every host runs the cell (multi-controller JAX)
+            from tpu_magic.hosts import run
+
+            if (args.shard or self.shard or "data").lower() != "data" or args.mesh:
+                raise UsageError("--shard model/auto and --mesh do not span several hosts yet: "
+                                 "on hosts a cell trains data parallel over every host's "
+                                 "devices (leave --shard out), or connect to one host")
+            workspace.report = run.train(process.hosts(), line, cell, self.shell.user_ns,
+                                         _progress_bar(), progress=not args.no_progress)
+            return workspace.report
         quiet_native_logs()
         with tensorflow_info_silenced():
             if session() is None:
@@ -427,10 +495,41 @@ def _device_line(current) -> str:
 
 
 def _progress_bar():
-    """tqdm's notebook widget bar where widgets can show, else its text bar."""
+    """tqdm's notebook widget bar where widgets can show, else its text bar; on an engine of
+    several hosts, a bar the notebook draws (`hosts.progress`)."""
+    from tpu_magic.hosts.engine import PROGRESS_VARIABLE
+
+    if os.environ.get(PROGRESS_VARIABLE):
+        from tpu_magic.hosts.progress import PublishedBar
+
+        return PublishedBar
     from tqdm.auto import tqdm
 
     return tqdm
+
+
+HOSTS_TIMEOUT = 120.0  # seconds engines may take to start and join, unless --timeout says
+
+
+def _simulate(text: str | None) -> tuple[int | None, tuple[int, int] | None]:
+    """`--simulate N` (one host of N devices) or `--simulate HxD` (H hosts of D)."""
+    if text is None:
+        return None, None
+    if text.strip().isdigit():
+        return int(text), None
+    from tpu_magic.hosts.cluster import parse_layout
+
+    return None, parse_layout(text)
+
+
+def _end_hosts() -> None:
+    """Stops the engines of the previous several-hosts connection, if any."""
+    from tpu_magic.core import process
+
+    previous = process.hosts()
+    if previous is not None:
+        process.set_hosts(None)
+        previous.stop()
 
 
 def register(ipython) -> None:

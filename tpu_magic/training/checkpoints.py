@@ -131,6 +131,8 @@ class Checkpointing(keras.callbacks.Callback):
         if self.model.stop_training:
             self.cut_short = epoch + 1
             return
+        if not self.connection.backend.leads():  # several hosts: process 0 writes, once
+            return
         written = self.store.save(self.model, epoch + 1, self.seed, self.connection.backend)
         if written is None:
             self.not_finite.append(epoch + 1)

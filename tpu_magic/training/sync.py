@@ -57,6 +57,7 @@ class SyncReport:
     averaged_names: tuple[str, ...] = ()
     path: str | None = None
     adapters: tuple[int, int] | None = None  # --adapters: (bytes saved, bytes of the model)
+    source: str | None = None  # where the weights came from, if not this process's model
 
     def summary(self) -> str:
         lines = [f"tpu_sync: `{self.name}` → `{self.as_name}` on the CPU, "
@@ -65,7 +66,9 @@ class SyncReport:
             lines.append(f"  averaged over {self.replicas} replicas: {self.averaged} variable"
                          f"{'s' * (self.averaged != 1)} that replicas update on their own "
                          f"({_which(self.averaged_names)})")
-        if self.max_abs_diff is None:
+        if self.source:
+            lines.append(f"  weights from {self.source}")
+        elif self.max_abs_diff is None:
             lines.append("  probe: no input shape known, predictions not compared")
         else:
             against = " from replica 0 (before averaging)" if self.averaged else ""
@@ -276,6 +279,35 @@ def sync_to_cpu(model: Any, *, name: str, as_name: str,
                         replicas=replicas,
                         path=str(path) if path is not None else None, adapters=saved)
     return new, report
+
+
+def copy_from_state(state: Mapping[str, Any], *, name: str, as_name: str,
+                    custom_objects: Mapping[str, Any] = {}, save: str | None = None,
+                    source: str = "the hosts") -> tuple[Any, SyncReport]:
+    """A CPU model from a model's config and weights read elsewhere (process 0 of several
+    hosts: `hosts.run.model_state`), built and filled here; optionally saved.
+
+    Raises:
+        SyncError: the config cannot be rebuilt here, or does not take the weights.
+    """
+    start = time.perf_counter()
+    path = weights_path(save) if save is not None else None
+    backend = backends.active()
+    serialized = float32_config(variable_batch(dict(state["config"])))
+    compile_config = serialized.pop("compile_config", None)
+    with backend.on_the_cpu():
+        new = _rebuild(serialized, compile_config, dict(custom_objects), name, state["class"])
+        try:
+            new.set_weights(state["weights"])
+        except ValueError as exc:
+            raise SyncError(f"the CPU copy of {name!r} does not take the weights from {source} "
+                            f"({exc})") from None
+    if path is not None:
+        save_weights(new, path)
+    return new, SyncReport(name=name, as_name=as_name,
+                           parameters=int(sum(w.size for w in state["weights"])),
+                           seconds=time.perf_counter() - start, max_abs_diff=None,
+                           path=str(path) if path is not None else None, source=source)
 
 
 HOST_LIMIT_VARIABLE = "TPU_MAGIC_HOST_MEMORY_BYTES"  # the host's free memory, for tests

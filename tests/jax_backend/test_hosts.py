@@ -1,0 +1,110 @@
+"""Several hosts, rehearsed on this machine (issue 25): `%tpu_connect --simulate 2x4` starts
+two ipyparallel engines, each a JAX process of 4 CPU devices, joined into one run with gloo
+collectives; the notebook (this suite's shell, itself one process of 8 simulated devices)
+sends each `%%tpu_train` cell to both. Every result is compared with the same cell on the
+one process of 8 devices."""
+
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+from IPython.core.error import UsageError
+
+import tpu_magic
+from test_jax_backend import CNN, train
+
+FIT = ("history = cnn.fit(images[:203], y[:203], batch_size=32, epochs=2, shuffle=False)\n"
+       "evaluation = cnn.evaluate(images[203:316], y[203:316], return_dict=True)\n"
+       "six = cnn.predict(images[:6])\n")
+
+
+@pytest.fixture(scope="module")
+def hosts(ip):
+    one = train(ip, CNN + FIT)  # first on this one process of 8 devices
+    expected = {"history": ip.user_ns["history"].history, "evaluation": ip.user_ns["evaluation"],
+                "six": ip.user_ns["six"], "report": one}
+    started = time.monotonic()
+    connected = ip.run_line_magic("tpu_connect", "--simulate 2x4 --no-panel")
+    expected["connect_seconds"] = time.monotonic() - started
+    yield connected, expected
+    ip.run_line_magic("tpu_connect", "--simulate 8 --no-panel")  # back to one process
+    assert tpu_magic.session().replicas == 8
+
+
+def test_the_seed_cnn_on_two_hosts_equals_one_process_of_eight_devices(ip, hosts):
+    connected, expected = hosts
+    summary = connected.summary()
+    assert "2 hosts × 4 devices = 8 devices" in summary and "host 1 (" in summary
+    for name in ("history", "evaluation", "six"):
+        ip.user_ns.pop(name, None)
+    report = train(ip, CNN + FIT + "print('rows predicted', len(six))")
+    assert "history" not in ip.user_ns  # the cell ran on the hosts, not here
+    assert report.replicas == 8 and report.global_batch == 32 and report.predictions == [6]
+    for key, values in expected["history"].items():  # a partial last batch: 203 = 6×32 + 11
+        assert report.history.history[key] == pytest.approx(values, rel=1e-5), key
+    for key, value in expected["evaluation"].items():
+        assert report.evaluations[0][key] == pytest.approx(value, rel=1e-5), key
+    outputs = tpu_magic.hosts_outputs()
+    assert len(outputs) == 2 and all("rows predicted 6" in text for text in outputs.values())
+
+    sync = ip.run_line_magic("tpu_sync", "")  # process 0's model, a CPU model here
+    copy = ip.user_ns["cnn_cpu"]
+    assert sync.as_name == "cnn_cpu" and "gathered from 2 hosts" in sync.summary()
+    np.testing.assert_allclose(copy.predict(ip.user_ns["images"][:6], verbose=0),
+                               expected["six"], atol=1e-5)
+    mine = copy.evaluate(ip.user_ns["images"][203:316], ip.user_ns["y"][203:316],
+                         return_dict=True, verbose=0, batch_size=113)
+    assert mine["loss"] == pytest.approx(expected["evaluation"]["loss"], abs=1e-5)
+
+
+def test_an_error_on_a_cell_line_names_the_line_and_the_hosts_once(ip, hosts):
+    cell = "scale = 2\nlimit = scale * 3\nmissing = undefined_here + limit\n"
+    with pytest.raises(UsageError) as raised:
+        train(ip, cell)
+    message = str(raised.value)
+    assert message.count("NameError") == 1  # one error, said once for both hosts
+    assert "host 0 (" in message and "host 1 (" in message and "(every host)" in message
+    assert "line 3 of the cell, `missing = undefined_here + limit`" in message
+    assert "name 'undefined_here' is not defined" in message
+    with pytest.raises(UsageError, match=r"host 0 .*host 1 .*\(every host\): batch_size 30 is not divisible by 8 "):
+        train(ip, CNN + "cnn.fit(images[:64], y[:64], batch_size=30)")  # tpu_magic's own check
+
+
+def test_checkpoints_are_written_once_and_every_host_resumes(ip, hosts, tmp_path):
+    cell = CNN + "cnn.fit(images[:203], y[:203], batch_size=32, epochs={epochs})"
+    first = train(ip, cell.format(epochs=1), f"--no-progress --checkpoint {tmp_path}")
+    assert [p.name for p in sorted(tmp_path.glob("ckpt-*.h5"))] == \
+        [os.path.basename(p) for p in first.checkpoints]
+    assert len(first.checkpoints) == 1  # process 0 wrote it; host 1 wrote none
+    again = train(ip, cell.format(epochs=2), f"--no-progress --checkpoint {tmp_path} --resume")
+    assert again.resumed_from == first.checkpoints[0] and len(again.checkpoints) == 1
+    assert len(list(tmp_path.glob("ckpt-*.h5"))) == 2
+    with pytest.raises(UsageError, match="do not span several hosts yet"):
+        train(ip, cell.format(epochs=1), "--no-progress --shard model")
+
+
+def test_a_host_killed_mid_fit_ends_the_cell_naming_it_and_the_next_connect_works(ip, hosts):
+    from tpu_magic.core import process
+
+    victim = process.hosts().engines[1]
+    slow = (CNN + "import time\n"
+            "class Slow(keras.callbacks.Callback):\n"
+            "    def on_train_batch_end(self, batch, logs=None):\n"
+            "        time.sleep(0.2)\n"
+            "cnn.fit(images[:512], y[:512], batch_size=64, epochs=50, callbacks=[Slow()])\n")
+    killer = threading.Timer(12.0, os.kill, (victim.pid, 9))
+    killer.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(UsageError, match=rf"host 1 \({victim.host}\) ended mid-cell"):
+            train(ip, slow)
+    finally:
+        killer.cancel()
+    assert time.monotonic() - started < 12.0 + 10.0  # found at once, not after a collective times out
+    assert process.hosts() is None  # the connection ended with its hosts
+    again = ip.run_line_magic("tpu_connect", "--simulate 2x2 --no-panel")
+    assert "2 hosts × 2 devices" in again.summary()
+    report = train(ip, CNN + "cnn.fit(images[:64], y[:64], batch_size=16, epochs=1)")
+    assert report.replicas == 4 and report.epochs == 1

@@ -1,0 +1,96 @@
+"""What runs on each engine (an IPython kernel of its own, one a host): joining the JAX run,
+the cell through the engine's own `%%tpu_train` (so every rule of one host holds on each),
+and the trained model's state for `%tpu_sync`. The notebook calls these through
+ipyparallel (`hosts.run`); they import what they need on the engine."""
+
+from __future__ import annotations
+
+import dataclasses
+import linecache
+import os
+import socket
+import types
+from typing import Any
+
+from tpu_magic.hosts.outcome import HostOutcome
+
+PROGRESS_VARIABLE = "TPU_MAGIC_PUBLISH_PROGRESS"  # on an engine: bars go to the notebook
+
+
+def coordinator_address() -> str:
+    """This host's name and a free port on it: where process 0 coordinates the JAX run."""
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        return f"{socket.gethostname()}:{probe.getsockname()[1]}"
+
+
+def join(index: int, count: int, coordinator: str, local_devices: int | None,
+         timeout: float) -> dict:
+    """Joins the JAX run as process `index` of `count` and loads tpu_magic in this engine.
+
+    Returns:
+        {"index", "host", "pid", "devices"}: for the connect summary and the liveness checks.
+    """
+    from IPython import get_ipython
+
+    from tpu_magic.backends.jax import join_processes
+    from tpu_magic.core import process
+
+    process.set_environment(PROGRESS_VARIABLE, "1", "this engine's bars are drawn in the "
+                            "notebook (hosts.progress)")
+    connection = join_processes(coordinator, count, index, local_devices, timeout)
+    shell = get_ipython()
+    if shell is not None:
+        shell.run_line_magic("load_ext", "tpu_magic")
+    import jax
+
+    return {"index": index, "host": socket.gethostname(), "pid": os.getpid(),
+            "devices": jax.local_device_count(), "global": connection.replicas}
+
+
+def run_cell(line: str, cell: str) -> HostOutcome:
+    """`%%tpu_train line` with `cell` on this engine; its error, if any, with the cell's line."""
+    from IPython import get_ipython
+    import jax
+
+    from tpu_magic.hosts import progress
+
+    progress.start_cell()
+    index, host = jax.process_index(), socket.gethostname()
+    try:
+        report = get_ipython().run_cell_magic("tpu_train", line, cell)
+    except BaseException as exc:  # noqa: BLE001 - every error goes back to the notebook
+        return HostOutcome(index, host, error=(type(exc).__name__, str(exc)),
+                           line=cell_line(exc.__traceback__, cell))
+    if getattr(report, "history", None) is not None:  # its logs, not the model it refers to
+        report = dataclasses.replace(
+            report, history=types.SimpleNamespace(history=dict(report.history.history)))
+    return HostOutcome(index, host, report=report,
+                       model_name=getattr(report, "model_name", None))
+
+
+def cell_line(traceback: Any, cell: str) -> tuple[int, str] | None:
+    """The last frame of a traceback that is a line of `cell` (its number counts from the
+    line below the magic), or None."""
+    lines = cell.splitlines()
+    found = None
+    while traceback is not None:
+        number = traceback.tb_lineno
+        text = linecache.getline(traceback.tb_frame.f_code.co_filename, number)
+        if 0 < number <= len(lines) and text.strip() and text.strip() == lines[number - 1].strip():
+            found = (number, lines[number - 1])
+        traceback = traceback.tb_next
+    return found
+
+
+def model_state(name: str) -> dict:
+    """The model `name` of this engine's namespace: its Keras config and weights (a
+    replicated array reads whole on every process)."""
+    from IPython import get_ipython
+    import keras
+
+    model = get_ipython().user_ns.get(name)
+    if not isinstance(model, keras.Model):
+        return {"missing": True}
+    return {"config": keras.saving.serialize_keras_object(model),
+            "weights": model.get_weights(), "class": type(model).__name__}

@@ -1,0 +1,117 @@
+"""`%%tpu_train` and `%tpu_sync` on several hosts, from the notebook.
+
+The cell goes to every engine with the values it names (NumPy arrays, functions, classes;
+modules as imports), and runs there through the engine's own `%%tpu_train`: each host
+feeds its own rows of every batch, with the same padding and masking as one host. The
+notebook draws process 0's bar, watches the engines (a host whose process ends stops the
+cell at once, naming it, and the others with it: they would wait for it in every step),
+and gathers every host's outcome: process 0's report, or each distinct error once.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any, Callable, MutableMapping
+
+from tpu_magic.core import process
+from tpu_magic.core.errors import HostsError
+from tpu_magic.hosts import engine
+from tpu_magic.hosts.cluster import Hosts
+from tpu_magic.hosts.outcome import HostOutcome, failure_message
+from tpu_magic.hosts.progress import MirroredBars
+from tpu_magic.training.cell_code import names_in
+
+POLL = 0.2  # seconds between looks at the engines
+_SHELL_NAMES = {"In", "Out", "get_ipython", "exit", "quit"}
+
+
+def train(hosts: Hosts, line: str, cell: str, namespace: MutableMapping[str, Any],
+          bar_class: Callable[..., Any] | None, progress: bool = True) -> Any:
+    """Runs the cell on every host; returns process 0's `TrainReport`.
+
+    Raises:
+        HostsError: a host's process ended, values could not be sent, or the cell failed
+            on a host (each distinct error once, with its hosts and the cell's line).
+    """
+    ids = [e.engine_id for e in hosts.engines]
+    view = hosts.client[ids]
+    _send(view, hosts, names_in(cell), namespace)
+    result = view.apply_async(engine.run_cell, line, cell)
+    bars = MirroredBars(bar_class if progress else None)
+    try:
+        while not result.ready():
+            result.wait(POLL)
+            data = result.data
+            bars.show(data[0] if data else None)
+            dead = hosts.dead()
+            if dead:
+                process.set_hosts(None)  # the engines go with it; the next connect starts anew
+                hosts.stop()
+                raise HostsError(
+                    ", ".join(e.label for e in dead) + " ended mid-cell (its process is gone). "
+                    "The other hosts were stopped too: they wait for it in every step. "
+                    "Connect again (`%tpu_connect ...`) and re-run the cell; with "
+                    "--checkpoint DIR --resume it goes on from the last epoch saved.")
+        bars.show(result.data[0] if result.data else None)
+    except KeyboardInterrupt:
+        hosts.interrupt()  # each host stops at its next batch, as one host does
+        result.wait(hosts.timeout)
+        raise
+    finally:
+        bars.close()
+    outcomes: list[HostOutcome] = result.get(timeout=hosts.timeout)
+    try:  # the engines' last printed lines may come after their results
+        result.wait_for_output(timeout=5)
+    except Exception:  # noqa: BLE001 - output that never came is left out
+        pass
+    hosts.outputs = {e.label: (out or "") + (err or "") for e, out, err
+                     in zip(hosts.engines, result.stdout, result.stderr)}
+    message = failure_message(outcomes)
+    if message:
+        raise HostsError(message + ". Every host's printed output: "
+                         "tpu_magic.hosts_outputs()")
+    hosts.last_model = outcomes[0].model_name or hosts.last_model
+    return outcomes[0].report
+
+
+def _send(view: Any, hosts: Hosts, names: set[str], namespace: MutableMapping[str, Any]) -> None:
+    """The values the cell names, to every host: modules as imports, the rest pickled."""
+    imports, values = [], {}
+    for name in sorted(names):
+        if name.startswith("_") or name in _SHELL_NAMES or name not in namespace:
+            continue
+        value = namespace[name]
+        if isinstance(value, types.ModuleType):
+            imports.append(f"import {value.__name__} as {name}" if value.__name__ != name
+                           else f"import {name}")
+        else:
+            values[name] = value
+    try:
+        if imports:
+            view.execute("\n".join(imports), block=False).get(timeout=hosts.timeout)
+        if values:
+            view.push(values, block=False).get(timeout=hosts.timeout)
+    except Exception as exc:  # noqa: BLE001 - pickling, or an engine that does not answer
+        raise HostsError(f"could not send {', '.join(sorted(values)) or 'the imports'} to the "
+                         f"hosts within {hosts.timeout:g} s ({str(exc).splitlines()[0]}); build "
+                         "what cannot be pickled inside the cell") from None
+
+
+def model_state(hosts: Hosts, name: str) -> dict:
+    """Process 0's model `name`: its config and weights (every process holds the same).
+
+    Raises:
+        HostsError: no such model on the hosts, or engine 0 did not answer.
+    """
+    first = hosts.engines[0]
+    try:
+        state = hosts.client[first.engine_id].apply_async(engine.model_state, name).get(
+            timeout=hosts.timeout)
+    except Exception as exc:  # noqa: BLE001
+        raise HostsError(f"{first.label} did not give model {name!r} within "
+                         f"{hosts.timeout:g} s: {str(exc).splitlines()[0]}") from None
+    if state.get("missing"):
+        raise HostsError(f"the hosts have no Keras model named {name!r}: name one a "
+                         "%%tpu_train cell built there")
+    return state
+
