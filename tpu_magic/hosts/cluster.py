@@ -60,8 +60,8 @@ class Hosts:
 
     def summary(self) -> str:
         per = self.engines[0].devices
-        where = ("local engines with CPU devices and gloo collectives (a rehearsal)"
-                 if self.simulated else "ipyparallel engines")
+        where = ("a rehearsal: local engines, CPU devices, gloo collectives"
+                 if self.simulated else "ipyparallel engines, one a host")
         lines = [f"tpu_connect: {len(self.engines)} hosts × {per} devices = {self.devices} "
                  f"devices, Keras on JAX, DataParallel over all of them ({where})",
                  f"  coordinator: {self.coordinator} (engine of process 0)"]
