@@ -58,6 +58,12 @@ def test_the_seed_cnn_on_two_hosts_equals_one_process_of_eight_devices(ip, hosts
                          return_dict=True, verbose=0, batch_size=113)
     assert mine["loss"] == pytest.approx(expected["evaluation"]["loss"], abs=1e-5)
 
+    # A model of the notebook's under the same name is never sent: the hosts keep theirs.
+    ip.run_cell("cnn = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])")
+    train(ip, "print('input shape', cnn.input_shape)")
+    assert all("input shape (None, 16, 16, 1)" in text
+               for text in tpu_magic.hosts_outputs().values())
+
 
 def test_an_error_on_a_cell_line_names_the_line_and_the_hosts_once(ip, hosts):
     cell = "scale = 2\nlimit = scale * 3\nmissing = undefined_here + limit\n"

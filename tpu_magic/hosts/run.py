@@ -10,6 +10,7 @@ and gathers every host's outcome: process 0's report, or each distinct error onc
 
 from __future__ import annotations
 
+import sys
 import types
 from typing import Any, Callable, MutableMapping
 
@@ -81,6 +82,8 @@ def _send(view: Any, hosts: Hosts, names: set[str], namespace: MutableMapping[st
         if name.startswith("_") or name in _SHELL_NAMES or name not in namespace:
             continue
         value = namespace[name]
+        if _framework_object(value):  # a model here is not the hosts' (they hold their own)
+            continue
         if isinstance(value, types.ModuleType):
             imports.append(f"import {value.__name__} as {name}" if value.__name__ != name
                            else f"import {name}")
@@ -95,6 +98,14 @@ def _send(view: Any, hosts: Hosts, names: set[str], namespace: MutableMapping[st
         raise HostsError(f"could not send {', '.join(sorted(values)) or 'the imports'} to the "
                          f"hosts within {hosts.timeout:g} s ({str(exc).splitlines()[0]}); build "
                          "what cannot be pickled inside the cell") from None
+
+
+def _framework_object(value: Any) -> bool:
+    """A Keras object of this process (a model, a layer, a variable, one of your subclasses):
+    never sent, so a stale one here cannot replace what a host built under the same name."""
+    keras = sys.modules.get("keras")
+    return (type(value).__module__ or "").split(".")[0] == "keras" or (
+        keras is not None and isinstance(value, keras.layers.Layer))
 
 
 def model_state(hosts: Hosts, name: str) -> dict:
