@@ -110,6 +110,11 @@ def test_a_host_killed_mid_fit_ends_the_cell_naming_it_and_the_next_connect_work
         killer.cancel()
     assert time.monotonic() - started < 12.0 + 10.0  # found at once, not after a collective times out
     assert process.hosts() is None  # the connection ended with its hosts
+    started = time.monotonic()
+    with pytest.raises(UsageError, match="--hosts nosuch: no ipyparallel cluster answered "
+                                         "within 3 s"):
+        ip.run_line_magic("tpu_connect", "--hosts nosuch --timeout 3 --no-panel")
+    assert time.monotonic() - started < 3 + 10
     again = ip.run_line_magic("tpu_connect", "--simulate 2x2 --no-panel")
     assert "2 hosts × 2 devices" in again.summary()
     report = train(ip, CNN + "cnn.fit(images[:64], y[:64], batch_size=16, epochs=1)")
