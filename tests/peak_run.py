@@ -40,7 +40,7 @@ def _status(key: str) -> int:
 
 
 def main() -> None:
-    flags = "--no-progress " + " ".join(sys.argv[1:])
+    flags = "--no-progress --verify off " + " ".join(sys.argv[1:])  # the step alone
     shell = testing_shell()
     shell.run_line_magic("tpu_connect", "--simulate 8 --no-panel")
     report = shell.run_cell_magic("tpu_train", flags, WIDE + FIT.format(epochs=1))

@@ -15,7 +15,10 @@ import os
 import re
 import sys
 import tempfile
+import threading
 from typing import Any, Callable, Iterator, Mapping
+
+import numpy as np
 
 from tpu_magic.backends import compile_cache as cache
 from tpu_magic.backends.protocol import Named
@@ -28,6 +31,8 @@ from tpu_magic.core.session import Connection
 from tpu_magic.core.target import Target, no_tpu_fix
 from tpu_magic.core.flops import counted_training_flops
 from tpu_magic.core.layouts import VariableShard, derived_spec
+from tpu_magic.core.steps import StepState, frozen_variables, host_copy
+from tpu_magic.core.steps import state_groups as _state_groups
 from tpu_magic.core.variables import variables_of
 
 JAX_FIX = ("JAX is not installed: `pip install \"tpu_magic[jax]\"` (CPU), `pip install "
@@ -149,6 +154,69 @@ def _outputs_gathered(model: Any, distribution: Any) -> Iterator[None]:
         else:
             object.__setattr__(model, "predict_step", before)
         model.predict_function = None
+
+
+_ragged_lock = threading.Lock()
+_ragged_entries = 0  # how many tpu_magic calls are inside `_ragged_batches_whole`
+_keras_distribute_data_input: Any = None  # Keras's own, while they are
+
+
+def _whole_where_indivisible(keras_own: Callable[..., Any]) -> Callable[..., Any]:
+    """Keras's `distribute_data_input`, except that a batch the layout's axes do not divide
+    goes to every device whole (replicated) instead of failing."""
+    from tpu_magic.backends.jax_data import WholeRows
+
+    def distribute_data_input(per_process_batch: Any, layout: Any, batch_dim_name: str) -> Any:
+        jax = require_jax()
+        sharding = getattr(layout, "backend_layout", layout)
+        shape = tuple(getattr(per_process_batch, "shape", ()))
+        if shape and isinstance(sharding, jax.sharding.NamedSharding) and \
+                (isinstance(per_process_batch, WholeRows) or
+                 (jax.process_count() == 1 and not _divides(sharding, shape))):
+            sharding = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
+        return keras_own(per_process_batch, sharding, batch_dim_name)
+
+    return distribute_data_input
+
+
+@contextlib.contextmanager
+def _both(first: Any, second: Any) -> Iterator[None]:
+    with first, second:
+        yield
+
+
+def _divides(sharding: Any, shape: tuple) -> bool:
+    try:
+        sharding.shard_shape(shape)
+    except Exception:  # noqa: BLE001 - jax's IndivisibleError (a private class)
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def _ragged_batches_whole() -> Iterator[None]:
+    """While tpu_magic runs a model's steps: a batch the mesh's data rows do not divide (the
+    last, short batch of a model whose loss cannot be masked, a dataset's short batch,
+    `train_on_batch` of 12 rows on 8 devices) is given to every device whole, where Keras
+    would fail (jax IndivisibleError). Each device then computes the whole batch: one
+    device's computation exactly, repeated. Process-wide while any call is inside, counted
+    under a lock: the first entry saves Keras's function, the last exit puts it back."""
+    global _ragged_entries, _keras_distribute_data_input
+    from keras.src.backend.jax import distribution_lib
+
+    with _ragged_lock:
+        if _ragged_entries == 0:
+            _keras_distribute_data_input = distribution_lib.distribute_data_input
+            distribution_lib.distribute_data_input = _whole_where_indivisible(
+                _keras_distribute_data_input)
+        _ragged_entries += 1
+    try:
+        yield
+    finally:
+        with _ragged_lock:
+            _ragged_entries -= 1
+            if _ragged_entries == 0:
+                distribution_lib.distribute_data_input = _keras_distribute_data_input
 
 
 def join_processes(coordinator: str, count: int, index: int, local_devices: int | None,
@@ -295,6 +363,7 @@ class JaxBackend(Named):
     name = "jax"
     label = "JAX"
     static_batch_is_global = True  # DataParallel traces the global batch
+    step_sees_global_batch = True
 
     def refuses(self, chosen: Target, simulate: int | None) -> str | None:
         if chosen.kind == "tpu" and chosen.address != "local":
@@ -379,18 +448,26 @@ class JaxBackend(Named):
 
         return jax_data
 
+    def runs_short_batches(self) -> bool:
+        # across processes a short batch goes whole to every one (`jax_data.WholeRows`)
+        return True
+
     def repeats_input(self, steps_per_execution: int, steps_given: bool) -> bool:
         return False  # a PyDataset is asked for each epoch
 
-    def whole_dataset(self, data: Any, batch: int | None, strategy: Any,
-                      note: Callable[[str], None], masked: bool = True) -> Any:
-        """Batches of a dataset (tf.data or grain, a KerasHub task's own pipeline) read one
-        for one, the short ones padded and masked: JAX splits a batch over the mesh's data
-        rows, and a last batch they do not divide fails there (jax IndivisibleError)."""
-        from tpu_magic.backends.jax_data import WholeBatchStream
+    def user_batches(self, data: Any, strategy: Any, note: Callable[[str], None],
+                     masked: bool = True, *, batch: int | None = None, shuffle: bool = False,
+                     class_weight: Any = None, steps: int | None = None,
+                     keep: int = 1) -> tuple[Any, bool]:
+        """Any batched input (tf.data, grain, KerasHub's own pipelines, a `PyDataset`, a
+        generator) read by Keras's own adapter, one batch for one (`jax_data.whole_batches`):
+        short batches padded and masked where the model's loss takes the mask, else run as
+        they are, whole on every device where the mesh's data rows do not divide them."""
+        from tpu_magic.backends.jax_data import data_rows, whole_batches
 
-        rows = int(strategy.device_mesh.shape[0]) if strategy is not None else 1
-        return WholeBatchStream(data, batch or None, rows, masked)
+        rows = data_rows(strategy)
+        return whole_batches(data, rows, masked, shuffle=shuffle, class_weight=class_weight,
+                             steps=steps, keep=keep), True
 
     def dataset_batch_size(self, data: Any) -> int | None:
         return None
@@ -407,8 +484,8 @@ class JaxBackend(Named):
         # holds only its rows of a prediction, which Keras cannot read back: there the
         # outputs are gathered onto every device inside the step.
         if require_jax().process_count() == 1:
-            return contextlib.nullcontext()
-        return _outputs_gathered(model, connection.strategy)
+            return _ragged_batches_whole()
+        return _both(_ragged_batches_whole(), _outputs_gathered(model, connection.strategy))
 
     def replica_sum(self, value: Any) -> Any:
         return value  # a step computes over the global batch
@@ -485,6 +562,42 @@ class JaxBackend(Named):
             outputs=max(stats.output_size_in_bytes - stats.alias_size_in_bytes, 0),
             compiled_on=jax.devices()[0].platform)
 
+    # -- the first-step parity check ----------------------------------------------------
+
+    def step_state(self, model: Any) -> StepState:
+        frozen = frozen_variables(model)
+        live = _live_state(model)
+        return StepState(*(tuple(None if id(v) in frozen else host_copy(a)
+                                 for v, a in zip(variables, arrays))
+                           for variables, arrays in zip(_state_groups(model), live)))
+
+    def one_device_steps(self, model: Any, before: StepState, batches: list,
+                         one_device_copy: Callable[[], Any]) -> tuple[dict, StepState]:
+        """Keras's own `train_step` of the model, compiled for one device (the first local
+        one) with no distribution in force, from `before` (a frozen layer's weights read from
+        the model: the replicated copy already on that device, nothing moved)."""
+        import keras
+
+        jax = require_jax()
+        device = jax.local_devices()[0]
+        live = _live_state(model)
+        state = tuple([jax.device_put(h, device) if h is not None else _on_device(a, device)
+                       for h, a in zip(host, arrays)]
+                      for host, arrays in zip(before.groups, live))
+        distribution = keras.distribution.distribution()
+        keras.distribution.set_distribution(None)
+        try:
+            step = jax.jit(model.train_step)
+            logs: Any = {}
+            for batch in batches:
+                logs, state = step(state, jax.device_put(batch, device))
+        finally:
+            keras.distribution.set_distribution(distribution)
+        after = StepState(*(tuple(None if h is None else host_copy(a)
+                                  for h, a in zip(host, arrays))
+                            for host, arrays in zip(before.groups, state)))
+        return {key: float(np.asarray(value)) for key, value in logs.items()}, after
+
     def shard_rows(self, model: Any) -> list[VariableShard]:
         rows = []
         for variable in model.weights:
@@ -519,13 +632,59 @@ class JaxBackend(Named):
     # -- variables -------------------------------------------------------------------------
 
     def built_outside(self, model: Any, strategy: Any) -> bool:
-        """Variables made in a `DataParallel` scope span all its devices; others sit on one."""
-        devices = strategy.device_mesh.devices.size
+        """Variables made in a distribution's scope span its devices; others sit elsewhere."""
+        return bool(self.outside_variables(model, strategy))
+
+    def outside_variables(self, model: Any, strategy: Any) -> list:
+        devices = _mesh_devices(strategy)
+        found = []
         for variable in variables_of(model):
             sharding = getattr(getattr(variable, "value", variable), "sharding", None)
-            if sharding is not None and len(sharding.device_set) != devices:
-                return True
-        return False
+            if sharding is not None and set(sharding.device_set) != devices:
+                found.append(variable)
+        return found
+
+    def users_distribution(self, connection: Connection) -> tuple[Connection, str] | None:
+        import keras
+
+        distribution = keras.distribution.distribution()
+        if distribution is None or distribution is connection.strategy:
+            return None
+        mesh = distribution.device_mesh
+        shape = "x".join(str(d) for d in mesh.shape)
+        described = (f"{type(distribution).__name__} over a {shape} mesh "
+                     f"({', '.join(mesh.axis_names)})")
+        from tpu_magic.backends.jax_data import data_rows
+
+        return dataclasses.replace(connection, strategy=distribution,
+                                   replicas=data_rows(distribution)), described
+
+    def keep_in_force(self, distribution: Any) -> None:
+        import keras
+
+        keras.distribution.set_distribution(distribution)
+
+    def place(self, model: Any, connection: Connection) -> list | None:
+        """A variable whose value lives off the distribution's devices (made outside every
+        cell, on one device, or for another mesh) is laid out as the distribution lays it
+        out and its value moved there: the same variable, the same model."""
+        distribution = connection.strategy
+        devices = _mesh_devices(distribution)
+        owners = _layout_owners(model)
+        moved = []
+        for variable in _state_variables(model):
+            sharding = getattr(getattr(variable, "value", None), "sharding", None)
+            if sharding is None or set(sharding.device_set) == devices:
+                continue
+            variable._layout = None  # a layout for another mesh does not hold here
+            variable._layout = (distribution.layout_for(variable, owners)
+                                if hasattr(distribution, "layout_for")
+                                else distribution.get_variable_layout(variable))
+            variable._direct_assign(variable.value)
+            moved.append(variable)
+        if moved:
+            model.train_function = model.test_function = model.predict_function = None
+        return moved
 
     def built_for(self, model: Any, strategy: Any) -> bool:
         return bool(model.weights) and not self.built_outside(model, strategy)
@@ -550,12 +709,30 @@ class JaxBackend(Named):
             keras.distribution.set_distribution(distribution)
 
 
-def _state_groups(model: Any) -> tuple[list, list, list, list]:
-    """A model's variables in the order of Keras's JAX state (`_get_jax_state`)."""
-    optimizer = getattr(model, "optimizer", None)
-    return (list(model.trainable_variables), list(model.non_trainable_variables),
-            list(optimizer.variables) if optimizer is not None else [],
-            list(model.metrics_variables))
+def _live_state(model: Any) -> tuple:
+    """The model's state as JAX arrays now: what `fit` holds between steps (its variables
+    are emptied while it trains), else the variables' values."""
+    held = getattr(model, "_jax_state", None)
+    if held and not getattr(model, "_jax_state_synced", True):
+        return (held["trainable_variables"], held["non_trainable_variables"],
+                held["optimizer_variables"], held["metrics_variables"])
+    return tuple([v.value for v in group] for group in _state_groups(model))
+
+
+def _on_device(array: Any, device: Any) -> Any:
+    """`array` on one device: a replicated array's own copy there (no transfer), else moved."""
+    jax = require_jax()
+    sharding = getattr(array, "sharding", None)
+    if sharding is not None and sharding.is_fully_replicated:
+        for shard in array.addressable_shards:
+            if shard.device == device:
+                return shard.data
+    return jax.device_put(array, device)
+
+
+def _mesh_devices(distribution: Any) -> set:
+    """The JAX devices of a distribution's mesh (Keras's mesh may hold them as names)."""
+    return set(distribution.device_mesh.backend_mesh.devices.flatten())
 
 
 def _state_variables(model: Any) -> list:

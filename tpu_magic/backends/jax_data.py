@@ -9,8 +9,8 @@ Epoch `e`'s order depends only on (seed, e), so a resumed run sees the same orde
 
 from __future__ import annotations
 
-import sys
-from typing import Any
+import time
+from typing import Any, Iterator
 
 import keras
 import numpy as np
@@ -30,21 +30,28 @@ class PaddedBatches(keras.utils.PyDataset):
         batch: the global batch.
         shuffle: a new order each epoch (from `seed` and the epoch number).
         first_epoch: the epoch `fit` starts at.
-        drop: leave the remainder of each epoch's order out instead of padding.
+        remainder: what becomes of the samples that do not fill the last batch: "pad"
+            (padding, masked out by `exactness`), "short" (the last batch holds them alone
+            and runs whole on every device, see `Backend.replica_steps`) or "drop" (left
+            out).
         labelled: whether batches carry targets and weights (False: inputs only).
+        rows: the data rows of the mesh: a batch they divide is split between the processes
+            (`own_rows`); a short one they do not is given whole to every process
+            (`WholeRows`).
 
     With padding, batches carry `exactness`'s packed sample weight, as in `tf_data`.
     """
 
     def __init__(self, x: Any, y: Any = None, sample_weight: Any = None, *, batch: int,
                  shuffle: bool = False, seed: int = 0, first_epoch: int = 0,
-                 drop: bool = False, labelled: bool = True):
+                 remainder: str = "pad", labelled: bool = True, rows: int = 1):
         super().__init__()
-        self.x, self.y, self.sample_weight = x, y, sample_weight
+        self.x, self.y, self.sample_weight, self.rows = x, y, sample_weight, rows
         self.batch, self.shuffle, self.seed, self.labelled = batch, shuffle, seed, labelled
         self.samples = num_samples(x)
+        drop = remainder == "drop"
         self.steps = steps_for(self.samples, batch, drop=drop)
-        self.pad = 0 if drop else self.steps * batch - self.samples
+        self.pad = self.steps * batch - self.samples if remainder == "pad" else 0
         self.left_out = self.samples - self.steps * batch if drop else 0
         self.epoch = first_epoch
         self.order = self._order()
@@ -52,8 +59,7 @@ class PaddedBatches(keras.utils.PyDataset):
     def _order(self) -> np.ndarray:
         order = (np.random.default_rng([self.seed, self.epoch]).permutation(self.samples)
                  if self.shuffle else np.arange(self.samples))
-        return np.concatenate([order[:self.steps * self.batch - self.pad],
-                               np.full(self.pad, -1)])
+        return np.concatenate([order[:self.samples - self.left_out], np.full(self.pad, -1)])
 
     def __len__(self) -> int:
         return self.steps
@@ -61,12 +67,14 @@ class PaddedBatches(keras.utils.PyDataset):
     def __getitem__(self, i: int) -> tuple:
         index = self.order[i * self.batch:(i + 1) * self.batch]
         real_share = float(np.mean(index >= 0))  # of the whole batch, on every process
-        index = own_rows(index)
+        whole = len(index) % self.rows != 0  # a short batch, given whole to every process
+        index = index if whole else own_rows(index)
         real = index >= 0
         safe = np.where(real, index, 0)
 
         def pick(a):
-            return keras.tree.map_structure(lambda v: v[safe], a)
+            return keras.tree.map_structure(
+                lambda v: v[safe].view(WholeRows) if whole else v[safe], a)
 
         if not self.labelled:
             return (pick(self.x),)
@@ -89,114 +97,212 @@ class PaddedBatches(keras.utils.PyDataset):
 
 def train_pipeline(x: Any, y: Any, sample_weight: Any, batch: int, shuffle: bool,
                    repeat: bool = True, seed: int | None = None, first_epoch: int = 0,
-                   strategy: Any = None, drop: bool = False) -> Pipeline:
-    """Shuffled whole batches for `fit`, the last one padded (or dropped with `drop`).
+                   strategy: Any = None, remainder: str = "pad") -> Pipeline:
+    """Shuffled whole batches for `fit`, the last one padded, short or left out (`remainder`).
 
     `repeat` and `strategy` are accepted for the same signature as `tf_data.train_pipeline`:
     Keras asks a PyDataset for each epoch's batches itself, and splits them over the devices.
     """
     data = PaddedBatches(x, y, sample_weight, batch=batch, shuffle=shuffle,
                          seed=new_seed() if seed is None else seed, first_epoch=first_epoch,
-                         drop=drop)
-    return Pipeline(data, data.steps, data.samples, data.pad, left_out=data.left_out)
+                         remainder=remainder, rows=data_rows(strategy))
+    return Pipeline(data, data.steps, data.samples, data.pad, left_out=data.left_out,
+                    first=lambda k: [data[i] for i in range(min(k, data.steps))])
 
 
 def eval_pipeline(x: Any, y: Any, sample_weight: Any, batch: int, strategy: Any = None,
-                  drop: bool = False) -> Pipeline:
-    """One ordered pass for `evaluate`, the last batch padded (or dropped with `drop`)."""
-    data = PaddedBatches(x, y, sample_weight, batch=batch, drop=drop)
+                  remainder: str = "pad") -> Pipeline:
+    """One ordered pass for `evaluate`, the last batch padded, short or left out."""
+    data = PaddedBatches(x, y, sample_weight, batch=batch, remainder=remainder,
+                         rows=data_rows(strategy))
     return Pipeline(data, data.steps, data.samples, data.pad, left_out=data.left_out)
 
 
-def predict_pipeline(x: Any, batch: int, strategy: Any = None) -> Pipeline:
-    """One ordered pass of inputs only; padding repeats sample 0 and is trimmed afterwards."""
-    data = PaddedBatches(x, batch=batch, labelled=False)
+def predict_pipeline(x: Any, batch: int, strategy: Any = None,
+                     remainder: str = "pad") -> Pipeline:
+    """One ordered pass of inputs only; padding repeats sample 0 and is trimmed afterwards
+    (or the last batch is short)."""
+    data = PaddedBatches(x, batch=batch, labelled=False,
+                         remainder="short" if remainder == "short" else "pad",
+                         rows=data_rows(strategy))
     return Pipeline(data, data.steps, data.samples, data.pad)
+
+
+class WholeRows(np.ndarray):
+    """A batch every process holds whole (a short batch the data rows do not divide, on
+    several hosts): `Backend.replica_steps` gives it to every device as it is, where a
+    process's own share would be assembled into a global batch."""
+
+
+def data_rows(distribution: Any) -> int:
+    """How many parts a batch is split into: the size of the distribution's batch axis."""
+    if distribution is None:
+        return 1
+    mesh = distribution.device_mesh
+    name = getattr(distribution, "batch_dim_name", None) or mesh.axis_names[0]
+    return int(mesh.shape[list(mesh.axis_names).index(name)]) if name in mesh.axis_names else 1
 
 
 def own_rows(batch: np.ndarray) -> np.ndarray:
     """This process's rows of a global batch: all of it in one process; across processes
     (one a host), process p feeds the p-th equal part, and Keras assembles the global batch
     from the parts (`DataParallel(auto_shard_dataset=False)`)."""
-    import jax
-
-    count = jax.process_count()
+    count = _processes()
     if count == 1:
         return batch
     part = len(batch) // count
+    import jax
+
     return batch[jax.process_index() * part:(jax.process_index() + 1) * part]
 
 
-class WholeBatchStream(keras.utils.PyDataset):
-    """A dataset of batches (grain, tf.data on JAX, KerasHub's own pipelines) as whole
-    batches, one for one, read lazily: a short batch (an epoch's last) is padded to the full
-    batch with the padding masked out (`masked`), or, where the model's loss cannot take the
-    mask, cut to a multiple of the data rows. Each pass over a dataset of known length starts
-    a new pass over the source; an endless one (a declared `steps_per_epoch`) is read on.
+def _processes() -> int:
+    import jax
 
-    Args:
-        source: an iterable of batches (`x`, `(x, y)` or `(x, y, sample_weight)`).
-        batch: the full batch (None: the first batch's size).
-        rows: the number of data rows the batch is split over; a batch must divide by it.
-        masked: pad and mask (True) or cut (False).
+    return jax.process_count()
+
+
+def whole(batch: Any, rows: int, full: int, masked: bool) -> tuple[Any, int]:
+    """One batch of a user's input made whole for a mesh of `rows` data rows.
+
+    With `masked` (the model's loss takes the padding mask, and the batch has targets),
+    every batch carries the packed sample weight (`core.packed`: the same structure for
+    every batch, so one compiled step serves all), and a batch smaller than the largest
+    seen so far (`full`), or one the data rows do not divide, is padded with its padding
+    masked out. Otherwise the batch goes as it is: one the rows do not divide runs whole on
+    every device (`Backend.replica_steps`), exactly as on one device.
+
+    Returns:
+        (the batch to give Keras, the largest batch seen now).
     """
+    x, y, weight = keras.utils.unpack_x_y_sample_weight(batch)
+    if not masked or y is None:
+        return batch, max(full, num_samples(x))
+    x, y, weight = (None if a is None else keras.tree.map_structure(np.asarray, a)
+                    for a in (x, y, weight))
+    n = num_samples(x)
+    size = max(full, -(-n // rows) * rows)
+    index = np.concatenate([np.arange(n), np.zeros(size - n, int)])
 
-    def __init__(self, source: Any, batch: int | None, rows: int, masked: bool):
-        super().__init__()
-        self.source, self.batch, self.rows, self.masked = source, batch, rows, masked
-        self.length = batches_in(source)
-        self._pass: Any = None
+    def pick(a: Any) -> Any:
+        return a if size == n else keras.tree.map_structure(lambda v: v[index], a)
 
-    @property
-    def num_batches(self) -> int | None:
-        return self.length
-
-    def __len__(self) -> int:
-        return self.length if self.length is not None else 0
-
-    def __getitem__(self, i: int) -> Any:
-        if i == 0 or self._pass is None:
-            self._pass = iter(self.source)
-        return self.whole(next(self._pass))
-
-    def whole(self, batch: Any) -> Any:
-        x, y, weight = keras.utils.unpack_x_y_sample_weight(batch)
-        x, y, weight = (None if a is None else keras.tree.map_structure(np.asarray, a)
-                        for a in (x, y, weight))
-        n = num_samples(x)
-        if self.batch is None:
-            self.batch = n
-        if self.batch % self.rows:
-            raise BatchSizeError(f"the dataset's batch of {self.batch} does not split over the "
-                             f"{self.rows} data rows: batch it by a multiple of {self.rows}")
-        if y is None:  # inputs only: cut to equal shares
-            keep = n - n % self.rows
-            return keras.tree.map_structure(lambda a: a[:keep], x)
-        if not self.masked:
-            keep = n - n % self.rows
-            cut = (lambda a: None if a is None else keras.tree.map_structure(lambda v: v[:keep], a))
-            return tuple(p for p in (cut(x), cut(y), cut(weight)) if p is not None)
-        pad = self.batch - n
-        index = np.concatenate([np.arange(n), np.zeros(pad, int)])
-
-        def pick(a):
-            return keras.tree.map_structure(lambda v: v[index], a)
-
-        mask = (np.arange(self.batch) < n).astype("float32")
-        weight = np.ones(self.batch, "float32") if weight is None else \
-            pick(weight).astype("float32")
-        share = np.full(self.batch, n / self.batch, "float32")
-        return pick(x), pick(y), {MASK: mask, WEIGHT: weight, REAL: share}
+    mask = (np.arange(size) < n).astype("float32")
+    weight = np.ones(size, "float32") if weight is None else pick(weight).astype("float32")
+    share = np.full(size, n / size, "float32")
+    return (pick(x), pick(y), {MASK: mask, WEIGHT: weight, REAL: share}), size
 
 
-def batches_in(source: Any) -> int | None:
-    """The batches in one pass of a dataset, None where it does not say (or has no end)."""
-    cardinality = getattr(source, "cardinality", None)
-    if callable(cardinality):  # tf.data: -1 infinite, -2 unknown
-        count = int(cardinality())
-        return count if count >= 0 else None
+def whole_batches(data: Any, rows: int, masked: bool, shuffle: bool = False,
+                  class_weight: Any = None, steps: int | None = None, keep: int = 1) -> Any:
+    """A user's batched input (a tf.data or grain dataset, a `PyDataset`, a generator, a
+    KerasHub task's own pipeline) as Keras reads it, with each batch made whole (`whole`).
+
+    Keras's own data adapter for the input reads it, so every pass sees each batch once, in
+    the order plain Keras would (a `PyDataset`'s indices shuffled by `shuffle` as Keras
+    does, a stream in its own order), a one-shot generator is read once, and `class_weight`
+    is applied as Keras applies it. Nothing is read ahead of Keras. The first `keep`
+    batches of each pass are kept (`first`), for the first-step parity check.
+    """
+    from keras.src.trainers.data_adapters import data_adapter, get_data_adapter
+
+    inner = get_data_adapter(data, shuffle=shuffle and isinstance(data, keras.utils.PyDataset),
+                             class_weight=class_weight, steps_per_epoch=steps)
+
+    class WholeBatches(data_adapter.DataAdapter):
+        """Keras's adapter of the input, each batch made whole (see `whole_batches`)."""
+
+        def __init__(self) -> None:
+            self.full = 0  # the largest batch seen (after padding)
+            self.fed: list = []  # the first `keep` batches of the latest pass
+            self.reading = [0.0, 0]  # seconds spent reading batches, and how many
+
+        def get_numpy_iterator(self) -> Iterator[Any]:
+            self.fed = []
+            batches = iter(inner.get_numpy_iterator())
+            while True:
+                start = time.perf_counter()
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    return
+                batch, self.full = whole(batch, rows, self.full, masked)
+                self.reading[0] += time.perf_counter() - start
+                self.reading[1] += 1
+                if len(self.fed) < keep:
+                    self.fed.append(batch)
+                yield batch
+
+        def first(self, k: int) -> list:
+            return self.fed[:k]
+
+        def peek(self) -> Any:
+            """The first batch, made whole, where it can be read without changing what Keras
+            reads next (see `first_batch_safely`); None where it cannot."""
+            first = first_batch_safely(data)
+            return None if first is None else whole(first, rows, 0, masked)[0]
+
+        def read_seconds(self) -> tuple[float, int]:
+            """Time spent reading and making batches whole as Keras read them, and how many
+            batches (the input's share of a step, measured without reading it again)."""
+            return self.reading[0], self.reading[1]
+
+        def get_jax_iterator(self) -> Iterator[Any]:
+            return self.get_numpy_iterator()  # Keras's JAX trainer places NumPy batches
+
+        @property
+        def num_batches(self) -> int | None:
+            return inner.num_batches
+
+        @property
+        def batch_size(self) -> int | None:
+            return self.full or inner.batch_size
+
+        @property
+        def has_partial_batch(self) -> bool | None:
+            return inner.has_partial_batch
+
+        @property
+        def partial_batch_size(self) -> int | None:
+            return inner.partial_batch_size
+
+        def on_epoch_begin(self) -> None:
+            inner.on_epoch_begin()
+
+        def on_epoch_end(self) -> None:
+            inner.on_epoch_end()
+
+    return WholeBatches()
+
+
+def first_batch_safely(source: Any) -> Any:
+    """A user's first batch, read only where reading it changes nothing Keras reads later: a
+    grain dataset (a pure description: every pass from the start reads the same batches, its
+    shuffles seeded; a KerasHub task's own pipeline), or a tf.data dataset with no shuffle in
+    it (a new pass of a shuffling one would draw the next order). None for anything else: a
+    `PyDataset` may be a stream, a generator is read once."""
+    kinds = {cls.__name__ for cls in type(source).__mro__
+             if cls.__module__.startswith("grain")}
     try:
-        count = len(source)
-    except TypeError:
+        if "MapDataset" in kinds:
+            return source[0] if len(source) else None
+        if "IterDataset" in kinds:
+            return next(iter(source), None)
+    except (IndexError, TypeError, KeyError):
         return None
-    return count if count < sys.maxsize else None
+    if hasattr(source, "element_spec") and not _shuffles(source):
+        for batch in source.take(1):
+            return keras.tree.map_structure(np.asarray, batch)
+    return None
+
+
+def _shuffles(dataset: Any) -> bool:
+    """Whether a tf.data pipeline has a shuffle anywhere in it."""
+    pending = [dataset]
+    while pending:
+        node = pending.pop()
+        if "Shuffle" in type(node).__name__:
+            return True
+        pending += [n for n in (getattr(node, "_input_dataset", None),) if n is not None]
+        pending += list(getattr(node, "_input_datasets", ()) or ())
+    return False

@@ -9,6 +9,7 @@ if TYPE_CHECKING:
     from tpu_magic.backends.compile_cache import CompileCounts
     from tpu_magic.core.devices import DeviceView, StepMemory
     from tpu_magic.core.session import Connection
+    from tpu_magic.core.steps import StepState
     from tpu_magic.core.target import Target
 
 
@@ -16,17 +17,22 @@ class InputBuilder(Protocol):
     """NumPy inputs → whole, padded batches (`tf_data` for TensorFlow, `jax_data` for JAX).
 
     Each returns an `arrays.Pipeline`: the dataset to give Keras, its steps, the samples,
-    the padding and the samples left out (`drop`: whole batches of real samples only).
+    the padding and the samples left out. `remainder` says what becomes of the samples
+    that do not fill the last batch (`planning.remainder_for`): "pad" (padding masked out
+    of losses and metrics), "short" (a short last batch as it is: backends that
+    `runs_short_batches`) or "drop" (left out: the model's loss cannot take a mask and the
+    backend needs whole batches).
     """
 
     def train_pipeline(self, x: Any, y: Any, sample_weight: Any, batch: int, shuffle: bool,
                        repeat: bool = True, seed: int | None = None, first_epoch: int = 0,
-                       strategy: Any = None, drop: bool = False) -> Any: ...
+                       strategy: Any = None, remainder: str = "pad") -> Any: ...
 
     def eval_pipeline(self, x: Any, y: Any, sample_weight: Any, batch: int, strategy: Any = None,
-                      drop: bool = False) -> Any: ...
+                      remainder: str = "pad") -> Any: ...
 
-    def predict_pipeline(self, x: Any, batch: int, strategy: Any = None) -> Any: ...
+    def predict_pipeline(self, x: Any, batch: int, strategy: Any = None,
+                         remainder: str = "pad") -> Any: ...
 
 
 class Backend(Protocol):
@@ -35,6 +41,8 @@ class Backend(Protocol):
     name: str  # "tf" or "jax", as typed after --backend
     label: str  # "TensorFlow" or "JAX", for people
     static_batch_is_global: bool  # a batch fixed in an Input is the global batch (JAX traces it)
+    # a step computes over the whole global batch (JAX); else each replica over its own share
+    step_sees_global_batch: bool
 
     def connect(self, chosen: "Target", simulate: int | None, *, explicit_gpu: bool,
                 compile_cache: str | None, env: Mapping[str, str],
@@ -53,20 +61,56 @@ class Backend(Protocol):
     def inputs(self) -> InputBuilder:
         """The module that turns NumPy inputs into padded batches."""
 
+    def runs_short_batches(self) -> bool:
+        """Whether a batch the replicas do not divide runs as it is, whole on every device,
+        with one device's numbers (JAX, one process: then nothing is padded, and every model
+        runs plain Keras's code); else the last batch is padded and masked, or left out where
+        the model's loss cannot take the mask (TensorFlow's replicas need equal shares)."""
+
     def repeats_input(self, steps_per_execution: int, steps_given: bool) -> bool:
         """Whether the training input is one endless dataset (else one pass per epoch)."""
 
-    def whole_dataset(self, data: Any, batch: int | None, strategy: Any,
-                      note: Callable[[str], None], masked: bool = True) -> Any:
-        """A user's dataset as whole batches: with `masked`, a labelled dataset's partial
-        batches padded with the padding masked out; otherwise each batch cut to equal
-        shares per replica (or the dataset as it is, where the backend cannot)."""
+    def user_batches(self, data: Any, strategy: Any, note: Callable[[str], None],
+                     masked: bool = True, *, batch: int | None = None, shuffle: bool = False,
+                     class_weight: Any = None, steps: int | None = None,
+                     keep: int = 1) -> tuple[Any, bool]:
+        """A user's batched input (a dataset, a `PyDataset`, a generator) as whole batches,
+        read as plain Keras reads it (each batch once a pass, in its order): with `masked`,
+        a labelled input's short batches padded with the padding masked out; otherwise as
+        the backend can run them exactly (or the input as it is, where it cannot wrap it).
+        `batch`: the dataset's batch where known; `shuffle`, `class_weight`, `steps`: the
+        call's, for the backends that read the input with Keras's own adapter; `keep`: how
+        many first batches of a pass to keep for the parity check (where it can).
+
+        Returns:
+            (the input to give Keras, whether `class_weight` is applied in it).
+        """
 
     def dataset_batch_size(self, data: Any) -> int | None:
         """The batch of a user's batched dataset, None where it cannot be told."""
 
     def built_outside(self, model: Any, strategy: Any) -> bool:
         """Whether the model's variables belong to another strategy (or to none)."""
+
+    def users_distribution(self, connection: "Connection") -> "tuple[Connection, str] | None":
+        """The distribution the user's own code put in force (Keras's
+        `keras.distribution.set_distribution`, a distribution's `scope()`), where it is not
+        the connection's: the connection to train with instead, and its description. None:
+        there is none (or the backend has no such API)."""
+
+    def keep_in_force(self, distribution: Any) -> None:
+        """Puts the user's `distribution` back in force after a cell's own scope ended, as
+        plain Keras leaves a `set_distribution` in force."""
+
+    def outside_variables(self, model: Any, strategy: Any) -> list:
+        """The model's variables (its weights, its optimizer's) not made for `strategy`."""
+
+    def place(self, model: Any, connection: "Connection") -> list | None:
+        """Moves the model's variables made elsewhere (its weights, its optimizer's and
+        metrics' state, a layer adapted in an earlier cell) onto the connection's devices,
+        each laid out as the distribution lays it out. Returns the variables moved (empty:
+        none), or None where a variable cannot move (TensorFlow's belong to the strategy
+        they were made in: the model is rebuilt instead)."""
 
     def built_for(self, model: Any, strategy: Any) -> bool:
         """Whether the model has variables, all made for this strategy."""
@@ -117,6 +161,17 @@ class Backend(Protocol):
 
     def reshard(self, model: Any, connection: "Connection") -> None:
         """Lays out an existing model's variables for `connection`'s mesh, one at a time."""
+
+    def step_state(self, model: Any) -> "StepState":
+        """The model's training state now, as host arrays (the first-step parity check's
+        before and after); a frozen layer's weights are not copied."""
+
+    def one_device_steps(self, model: Any, before: "StepState", batches: list,
+                         one_device_copy: Callable[[], Any]) -> "tuple[dict, StepState]":
+        """The model's training steps on one device, with plain Keras's code, from `before`,
+        one a batch: their last logs and the state after. `one_device_copy` makes a compiled
+        copy of the model outside every strategy, for a backend whose variables cannot leave
+        theirs (TensorFlow's)."""
 
     def shard_rows(self, model: Any) -> list:
         """Each of the model's variables as a `core.layouts.VariableShard`: its layout on the

@@ -7,8 +7,11 @@ the default strategy on the CPU. TensorFlow is imported by the methods, never he
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 from typing import Any, Callable, Iterator, Mapping
+
+import numpy as np
 
 from tpu_magic.backends.protocol import Named
 from tpu_magic.core import process
@@ -19,6 +22,7 @@ from tpu_magic.core.errors import ConnectError, ShardError
 from tpu_magic.core.session import Connection
 from tpu_magic.core.target import Target, no_tpu_fix
 from tpu_magic.core.flops import counted_training_flops
+from tpu_magic.core.steps import StepState, frozen_variables, host_copy, state_groups as _state_groups
 from tpu_magic.core.variables import variables_of
 
 
@@ -84,6 +88,7 @@ class TensorFlowBackend(Named):
     name = "tf"
     label = "TensorFlow"
     static_batch_is_global = False  # Keras gives each replica the Input's fixed batch
+    step_sees_global_batch = False
 
     # -- connecting ------------------------------------------------------------------------
 
@@ -186,17 +191,28 @@ class TensorFlowBackend(Named):
 
         return pipeline
 
+    def runs_short_batches(self) -> bool:
+        return False  # MirroredStrategy splits a short batch unevenly, or leaves replicas empty
+
     def repeats_input(self, steps_per_execution: int, steps_given: bool) -> bool:
         # tf.data repeats (no stall at each epoch start), except where Keras would run whole
         # executions of K steps on an endless dataset and so overshoot the epoch.
         return steps_per_execution == 1 or steps_given
 
-    def whole_dataset(self, data: Any, batch: int | None, strategy: Any,
-                      note: Callable[[str], None], masked: bool = True) -> Any:
+    def user_batches(self, data: Any, strategy: Any, note: Callable[[str], None],
+                     masked: bool = True, *, batch: int | None = None, shuffle: bool = False,
+                     class_weight: Any = None, steps: int | None = None,
+                     keep: int = 1) -> tuple[Any, bool]:
+        # tf.data only (Keras maps class weights into it itself); a grain dataset, a
+        # PyDataset or a generator goes to Keras's own adapter as it is.
+        if not hasattr(data, "element_spec") or class_weight:
+            return data, False
+        return self._whole_dataset(data, batch, strategy, note, masked), False
+
+    def _whole_dataset(self, data: Any, batch: int | None, strategy: Any,
+                       note: Callable[[str], None], masked: bool) -> Any:
         from tpu_magic.backends import tf_data as pipeline
 
-        if not hasattr(data, "element_spec"):  # a grain dataset: Keras's own adapter reads it
-            return data
         replicas = getattr(strategy, "num_replicas_in_sync", 1)
         if not (masked and batch and pipeline.labelled(data)):
             return pipeline.equal_shares(data, replicas) if replicas > 1 else data
@@ -281,6 +297,50 @@ class TensorFlowBackend(Named):
             "`%tpu_connect --backend jax` (add `--simulate 8` to rehearse on the CPU) before "
             "anything imports keras.")
 
+    # -- the first-step parity check ----------------------------------------------------
+
+    def step_state(self, model: Any) -> StepState:
+        """Replica 0's values (a replica's own BatchNorm statistics are its own)."""
+        frozen = frozen_variables(model)
+        with self.reading(model):
+            return StepState(*(tuple(None if id(v) in frozen else
+                                     host_copy(self.replica_values(v)[0]) for v in group)
+                               for group in _state_groups(model)))
+
+    def one_device_steps(self, model: Any, before: StepState, batches: list,
+                         one_device_copy: Callable[[], Any]) -> tuple[dict, StepState]:
+        """Keras's own `train_on_batch` on a copy of the model outside every strategy (built
+        on a thread of its own: this one is inside the cell's strategy), from `before`."""
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            return pool.submit(self._one_device_steps, model, before, batches,
+                               one_device_copy).result()
+
+    def _one_device_steps(self, model: Any, before: StepState, batches: list,
+                          one_device_copy: Callable[[], Any]) -> tuple[dict, StepState]:
+        import keras
+
+        copy = one_device_copy()
+        with self.reading(model):
+            for ours, theirs, host in zip(_state_groups(copy)[:2], _state_groups(model)[:2],
+                                          before.groups[:2]):
+                for variable, live, value in zip(ours, theirs, host):
+                    variable.assign(value if value is not None else
+                                    np.asarray(self.replica_values(live)[0]))
+        if before.optimizer:
+            copy.optimizer.build(copy.trainable_variables)
+            if len(copy.optimizer.variables) != len(before.optimizer):
+                raise ValueError("the copy's optimizer does not hold the model's state")
+            for variable, value in zip(copy.optimizer.variables, before.optimizer):
+                variable.assign(value)
+        logs: Any = {}
+        for batch in batches:
+            x, y, weight = keras.utils.unpack_x_y_sample_weight(batch)
+            logs = copy.train_on_batch(x, y, weight, return_dict=True)
+        after = StepState(*(tuple(None if h is None else host_copy(v.value)
+                                  for h, v in zip(host, group))
+                            for host, group in zip(before.groups, _state_groups(copy))))
+        return {key: float(np.asarray(value)) for key, value in logs.items()}, after
+
     def shard_rows(self, model: Any) -> list:
         return []
 
@@ -303,8 +363,20 @@ class TensorFlowBackend(Named):
         own = getattr(model, "_distribute_strategy", None)  # Keras sets it when made in a scope
         if own is not None and own is not strategy:
             return True
-        return any(not strategy.extended.variable_created_in_scope(getattr(v, "value", v))
-                   for v in variables_of(model))
+        return bool(self.outside_variables(model, strategy))
+
+    def outside_variables(self, model: Any, strategy: Any) -> list:
+        return [v for v in variables_of(model)
+                if not strategy.extended.variable_created_in_scope(getattr(v, "value", v))]
+
+    def users_distribution(self, connection: Connection) -> tuple[Connection, str] | None:
+        return None  # Keras's distribution API is JAX's; tf.distribute strategies are ours
+
+    def keep_in_force(self, distribution: Any) -> None:
+        return None
+
+    def place(self, model: Any, connection: Connection) -> list | None:
+        return None  # a variable belongs to the strategy it was made in
 
     def built_for(self, model: Any, strategy: Any) -> bool:
         if not model.weights:

@@ -157,9 +157,10 @@ def _packed(mask: tf.Tensor, weight: tf.Tensor | None) -> dict:
 
 def train_pipeline(x: Any, y: Any, sample_weight: Any, batch: int, shuffle: bool,
                    repeat: bool = True, seed: int | None = None, first_epoch: int = 0,
-                   strategy: Any = None, drop: bool = False) -> Pipeline:
+                   strategy: Any = None, remainder: str = "pad") -> Pipeline:
     """Shuffled whole batches for `fit`: the last one padded (see `exactness`), or with
-    `drop` the remainder of each epoch's order left out.
+    `remainder="drop"` (no padding may reach the model's loss) the remainder of each epoch's
+    order left out: replicas need equal shares.
 
     With `repeat`, the dataset is endless and `fit` gets `steps_per_epoch`; without,
     it is one pass per epoch (needed with steps_per_execution > 1, where Keras runs
@@ -171,23 +172,41 @@ def train_pipeline(x: Any, y: Any, sample_weight: Any, batch: int, shuffle: bool
     samples = num_samples(x)
     seed = new_seed() if seed is None else seed  # every replica's pipeline needs the same order
     indices, steps, pad = _index_batches(samples, batch, shuffle, repeat=repeat, seed=seed,
-                                         first_epoch=first_epoch, drop=drop)
+                                         first_epoch=first_epoch, drop=_drops(remainder))
     load = _labelled_loader(x, y, sample_weight, pad)
+    # Each epoch's order follows from (seed, epoch) alone, except a reshuffle of one pass
+    # per epoch, whose next order cannot be read again.
+    first = None if shuffle and not repeat else (lambda k: _first(indices, load, k))
     return Pipeline(_distributed(indices, load, batch, strategy), steps, samples, pad,
-                    left_out=samples - steps * batch if drop else 0)
+                    left_out=samples - steps * batch if _drops(remainder) else 0, first=first)
+
+
+def _first(indices: tf.data.Dataset, load: Callable[[tf.Tensor], Any], k: int) -> list:
+    """The first `k` whole batches of a pipeline, as NumPy, read on their own."""
+    return [tf.nest.map_structure(lambda t: t.numpy(), batch)
+            for batch in indices.take(k).map(load)]
 
 
 def eval_pipeline(x: Any, y: Any, sample_weight: Any, batch: int, strategy: Any = None,
-                  drop: bool = False) -> Pipeline:
-    """One ordered pass for `evaluate`, the last batch padded (or dropped with `drop`)."""
+                  remainder: str = "pad") -> Pipeline:
+    """One ordered pass for `evaluate`, the last batch padded (or left out: "drop")."""
     samples = num_samples(x)
-    indices, steps, pad = _index_batches(samples, batch, shuffle=False, repeat=False, drop=drop)
+    indices, steps, pad = _index_batches(samples, batch, shuffle=False, repeat=False,
+                                         drop=_drops(remainder))
     load = _labelled_loader(x, y, sample_weight, pad)
     return Pipeline(_distributed(indices, load, batch, strategy), steps, samples, pad,
-                    left_out=samples - steps * batch if drop else 0)
+                    left_out=samples - steps * batch if _drops(remainder) else 0)
 
 
-def predict_pipeline(x: Any, batch: int, strategy: Any = None) -> Pipeline:
+def _drops(remainder: str) -> bool:
+    """TensorFlow's replicas take equal shares: a remainder is padded or left out."""
+    if remainder not in ("pad", "drop"):
+        raise ValueError(f"remainder {remainder!r}: TensorFlow pads or drops")
+    return remainder == "drop"
+
+
+def predict_pipeline(x: Any, batch: int, strategy: Any = None,
+                     remainder: str = "pad") -> Pipeline:
     """One ordered pass of inputs only; padding repeats sample 0 and is trimmed afterwards."""
     samples = num_samples(x)
     indices, steps, pad = _index_batches(samples, batch, shuffle=False, repeat=False)

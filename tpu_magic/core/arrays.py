@@ -7,7 +7,7 @@ Both input builders use these: `backends.tf_data` (tf.data, the TensorFlow backe
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import keras
 import numpy as np
@@ -22,6 +22,9 @@ class Pipeline:
     samples: int
     padded: int  # samples of padding in one pass
     left_out: int = 0  # samples a pass leaves out (whole batches only, no padding)
+    # the first `k` batches of the first epoch, as NumPy, fed as the dataset feeds them
+    # (None: they cannot be read again): the first-step parity check's batches
+    first: Callable[[int], list] | None = None
 
 
 def is_array_input(x: Any) -> bool:

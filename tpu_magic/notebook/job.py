@@ -101,7 +101,8 @@ def start_training(connection: Connection, workspace: Workspace,
     plan_batches(batch_size, connection.replicas, tpu_rules=connection.tpu_rules)
     options = TrainOptions(batch_size=batch_size, epochs=epochs, scale_lr=scale_lr,
                            progress=False)
-    training = TrainingCell(connection, options, namespace, say=lambda _text: None, view=view)
+    training = TrainingCell(connection, options, namespace, say=lambda _text: None, view=view,
+                            agreed=frozenset(workspace.agreed))
     last = workspace.last_fit
     job = TrainJob(lambda stop: training.fit_again(last, stop), on_done)
     workspace.job = job

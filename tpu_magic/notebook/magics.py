@@ -43,6 +43,9 @@ class TpuMagics(Magics, Configurable):
                         ).tag(config=True)
     shard = Unicode("", help="Default --shard of %%tpu_train: data, model or auto ('': data)."
                     ).tag(config=True)
+    verify = Unicode("on", help="Default --verify of %%tpu_train: on (the first step of a "
+                                "cell's first fit compared with the same step on one device) "
+                                "or off.").tag(config=True)
 
     def __init__(self, shell):
         Configurable.__init__(self, config=shell.config)
@@ -260,6 +263,10 @@ class TpuMagics(Magics, Configurable):
     @argument("--plan-for", metavar="CHIP-N",
               help="plan one device's memory before the first step against a chip you may "
                    "not have, e.g. v5e-8 (on as many simulated devices)")
+    @argument("--verify", metavar="on|off",
+              help="on: compare the first step of the cell's first fit with the same step on "
+                   "one device, and warn where they differ; off: skip it (default "
+                   "TpuMagics.verify, on)")
     @argument("--no-progress", action="store_true", help="no progress bar")
     @cell_magic
     @usage_errors
@@ -293,6 +300,7 @@ class TpuMagics(Magics, Configurable):
             if given and args.checkpoint is None:
                 raise UsageError(f"{flag} works with --checkpoint DIR: add it, e.g. "
                                  f"%%tpu_train --checkpoint ckpt {flag}")
+        verify = _on_or_off("--verify", args.verify if args.verify is not None else self.verify)
         workspace = self.workspace
         workspace.require_idle("%%tpu_train")
         from tpu_magic.core import process
@@ -321,13 +329,13 @@ class TpuMagics(Magics, Configurable):
                                    keep=2 if args.keep is None else args.keep,
                                    resume=args.resume,
                                    shard=args.shard or self.shard or None, mesh=args.mesh,
-                                   plan_for=args.plan_for,
+                                   plan_for=args.plan_for, verify=verify,
                                    precision=(args.precision if args.precision is not None
                                               else self.precision or None),
                                    measured_tflops=(workspace.check.measured_tflops
                                                     if workspace.check is not None else None))
             training = TrainingCell(session(), options, self.shell.user_ns, bar=_progress_bar(),
-                                    view=workspace.panel)
+                                    view=workspace.panel, agreed=frozenset(workspace.agreed))
             # `!cmd` and `%magic` lines become Python here, so names are read from this code.
             code = self.shell.transform_cell(cell)
             # Compiled under IPython's cache name, so a traceback shows the cell's own lines.
@@ -347,7 +355,7 @@ class TpuMagics(Magics, Configurable):
                 # Ctrl-C ended the cell as it ends any cell; the traceback ends at the cell's line.
                 raise exc.with_traceback(_ending_in(exc.__traceback__, filename)) from None
             finally:
-                workspace.report = training.report
+                workspace.reported(training.report)
                 if training.last_fit is not None:
                     workspace.trained(training.last_model, training.report.model_name,
                                       training.last_fit)
@@ -467,6 +475,16 @@ def show_domain_errors(shell) -> None:
         shell.show_usage_error(UsageError(str(value)))
 
     shell.set_custom_exc((TpuMagicError,), handler)
+
+
+def _on_or_off(flag: str, value: str) -> bool:
+    """`on`/`off` (and yes/no, true/false, 1/0) as a bool."""
+    text = str(value).strip().lower()
+    if text in ("on", "yes", "true", "1"):
+        return True
+    if text in ("off", "no", "false", "0"):
+        return False
+    raise UsageError(f"{flag} {value!r}: use on or off")
 
 
 def _parse(magic, line: str):

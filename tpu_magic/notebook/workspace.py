@@ -9,7 +9,7 @@ notebook's thread; a job hands back its report and writes nothing here.
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tpu_magic.core.errors import BusyError
@@ -35,6 +35,8 @@ class Workspace:
     connection: Any = None  # the connection the rest belongs to
     check: Any = None  # the last `--check` on this connection (a `check.DeviceCheck`)
     report: Any = None  # the last `%%tpu_train` cell's `TrainReport` (also when it was interrupted)
+    # first-step setups that agreed with one device (`training.parity.setup_key`)
+    agreed: set = field(default_factory=set)
 
     @property
     def busy(self) -> bool:
@@ -61,6 +63,14 @@ class Workspace:
     def trained(self, model: Any, name: str | None, fit: Any) -> None:
         """A `%%tpu_train` cell's last `fit`: the model Sync, Save and Train act on."""
         self.last_model, self.last_model_name, self.last_fit = model, name, fit
+
+    def reported(self, report: Any) -> None:
+        """A cell's or a job's report: kept, and a first step that agreed with one device
+        is not compared again for the same setup."""
+        self.report = report
+        parity = getattr(report, "parity", None)
+        if parity is not None and getattr(parity, "setup", "") and parity.agrees:
+            self.agreed.add(parity.setup)
 
 
 def busy_error(action: str) -> BusyError:

@@ -21,16 +21,19 @@ from tpu_magic.core.batching import BatchPlan, plan_batches
 from tpu_magic.core.errors import CheckpointError, RewrapError
 from tpu_magic.core.session import Connection
 from tpu_magic.core.variables import name_of
-from tpu_magic.training import (checkpoints, memory_plan, planning, precision, routing,
-                                sharding, utilization)
+from tpu_magic.training import (checkpoints, exactness, memory_plan, parity, planning,
+                                precision, routing, sharding, utilization)
 from tpu_magic.training.agreement import ReplicasAgree
 from tpu_magic.training.cell_code import hand_written_loop, names_in
-from tpu_magic.training.inputs import Inputs
+from tpu_magic.training.inputs import Inputs, given_batch_size
 from tpu_magic.training.model_setup import prepare
 from tpu_magic.training.progress import FitProgress, FitTiming, TrainingView
 from tpu_magic.training.report import TrainReport
-from tpu_magic.training.rewrap import built_for, built_outside, rewrap_namespace
+from tpu_magic.training.rewrap import (built_for, built_outside, compile_again,
+                                      custom_objects_from, made_outside,
+                                      rewrap_namespace)
 from tpu_magic.training.stopping import StopOnEvent, stop_on_interrupt
+from tpu_magic.training.sync import cpu_copy
 
 
 # Its steps are not `strategy.run` calls, and its optimizer would update replicated variables
@@ -76,6 +79,7 @@ class TrainOptions:
     shard: str | None = None  # --shard data|model (None: data)
     mesh: str | None = None  # --mesh BxM
     plan_for: str | None = None  # --plan-for CHIP-N (a memory plan against that chip)
+    verify: bool = True  # --verify: the first step against the same step on one device
     measured_tflops: float | None = None  # one device's matmul TFLOP/s from --check, if it ran
 
 
@@ -89,6 +93,8 @@ class TrainingCell:
         say: prints one line to the user.
         bar: a tqdm-like class for progress bars (None: no bars).
         view: shows the training live too (the panel's training area).
+        agreed: first-step setups that agreed with one device earlier in this notebook
+            (`parity.setup_key`): not compared again.
 
     After `run` or `fit_again`, `report` is the outcome, and `last_fit` the last `fit`
     the cell made (what the panel's Train repeats). It writes no shared state.
@@ -96,7 +102,8 @@ class TrainingCell:
 
     def __init__(self, connection: Connection, options: TrainOptions,
                  namespace: MutableMapping[str, Any], say: Callable[[str], None] = print,
-                 bar: Any = None, view: TrainingView | None = None):
+                 bar: Any = None, view: TrainingView | None = None,
+                 agreed: frozenset = frozenset()):
         # --shard model: the cell trains on a mesh (data rows, model columns) of the devices
         connection, self.mesh = sharding.connection_for(connection, options.shard, options.mesh)
         self.connection = connection
@@ -115,12 +122,13 @@ class TrainingCell:
         self.checkpoints: checkpoints.CellCheckpoints | None = None  # --checkpoint
         self.precision: precision.Precision | None = None
         self.flops = utilization.FlopCounts(connection.backend)
+        self.verified = False  # the cell's first fit ran the parity check (or skipped it)
+        self.agreed = agreed
 
     def run(self, execute: Callable[[], Any], cell: str) -> TrainReport:
         """Rewraps the models the cell names, then runs it with the strategy in force."""
         __tracebackhide__ = True  # noqa: F841 - the cell's own errors show the cell, not us
         start = time.perf_counter()
-        strategy = self.connection.strategy
         if self.options.batch_size is not None:  # a bad flag fails before anything runs
             plan_batches(self.options.batch_size, self.connection.replicas, what="--batch-size")
         if self.options.checkpoint is not None:
@@ -131,14 +139,22 @@ class TrainingCell:
             self.report.precision = self.precision.describe()
         if self.connection.replicas > 1 and hand_written_loop(cell):
             return self._run_on_one_device(execute, start)
+        self._follow_users_distribution()
+        strategy = self.connection.strategy
         for done in rewrap_namespace(self.namespace, names_in(cell), self.connection):
             line = done.summary(self.connection.strategy_name, self.connection.replicas)
             self.report.rewrapped.extend(done.names)
             self.say(line)
+        kept, entered = None, self.connection
         try:
             with strategy.scope(), routing.cell(self), precision.in_force(self.precision):
-                execute()
+                try:
+                    execute()
+                finally:  # a distribution the cell set stays in force, as in plain Keras
+                    kept = self.connection.backend.users_distribution(entered)
         finally:
+            if kept is not None:
+                self.connection.backend.keep_in_force(kept[0].strategy)
             self.report.seconds = time.perf_counter() - start
             self.report.model_name = self._name_of(self.last_model)
             self._adopt_namespace()
@@ -197,13 +213,53 @@ class TrainingCell:
 
     def route(self, name: str, model: Any, call: dict, named: set) -> Any:
         """`model.<name>(...)` through tpu_magic (see `routing`)."""
+        self._follow_users_distribution()
         if built_outside(model, self.connection):
-            raise _unnamed(self._name_of(model) or model.name, self.connection)
+            self._place(model)
         self._adopt(model)
         planning.as_arrays(call)
         with self.connection.strategy.scope(), routing.inside_keras(), \
                 self.connection.backend.replica_steps(model, self.connection):
             return getattr(self, "_" + name)(model, call, named)
+
+    def _follow_users_distribution(self) -> None:
+        """A distribution the user's own code put in force (before the cell or in it) wins
+        over tpu_magic's: the cell's calls train with it from now on, said once."""
+        found = self.connection.backend.users_distribution(self.connection)
+        if found is None:
+            return
+        ours = self.connection.strategy_name
+        self.connection, described = found
+        self.mesh = None
+        self.inputs = Inputs(self.connection, self._note, self.report.left_out,
+                             lambda model: self._name_of(model) or model.name)
+        self.report.strategy, self.report.replicas = (self.connection.strategy_name,
+                                                      self.connection.replicas)
+        self._note(f"the cell's own keras.distribution is in force ({described}): it lays "
+                   f"out the models and splits the batches, in place of tpu_magic's {ours}.")
+
+    def _place(self, model: Any) -> None:
+        """A model the cell reaches with variables made elsewhere (a layer adapted in an
+        earlier cell, an optimizer compiled in a plain cell): moved onto the devices where
+        the backend can move variables (JAX), compiled again inside the strategy where only
+        its optimizer was made outside, else refused naming the parts made outside."""
+        connection, label = self.connection, self._name_of(model) or model.name
+        moved = connection.backend.place(model, connection)
+        if moved is not None:
+            parts = made_outside(model, moved, self.namespace)
+            devices = len(connection.devices) or connection.replicas
+            self._note(f"model {label!r} reached this cell with parts made outside "
+                       f"{connection.strategy_name}: {', '.join(parts) or 'its variables'} "
+                       f"now live on its {devices} device{'s' * (devices != 1)} (the same "
+                       "objects).")
+            return
+        outside = connection.backend.outside_variables(model, connection.strategy)
+        if model.compiled and not ({id(v) for v in outside} & {id(v) for v in model.weights}):
+            compile_again(model, connection, custom_objects_from(self.namespace, model))
+            self._note(f"model {label!r} was compiled outside {connection.strategy_name}: "
+                       "compiled again inside it, with the same settings.")
+            return
+        raise _unnamed(label, made_outside(model, outside, self.namespace), connection)
 
     # -- shared steps ----------------------------------------------------------------------
 
@@ -229,6 +285,38 @@ class TrainingCell:
     def _name_of(self, model: Any) -> str | None:
         return name_of(self.namespace, model)
 
+    def _first_step_check(self, model: Any) -> parity.FirstStep | None:
+        """The parity check of the cell's first fit (see `parity`), where it applies."""
+        connection = self.connection
+        if not self.options.verify or self.verified or \
+                (connection.replicas < 2 and self.mesh is None):
+            return None
+        self.verified = True
+        backend = connection.backend
+        if connection.target.startswith("hosts:"):
+            self._note("the first step is not compared with one device on several hosts")
+            return None
+        whole_batch = backend.step_sees_global_batch
+        random = [] if whole_batch else parity.random_layers(model)
+        draws = (f"it draws random numbers while training ({', '.join(random)}), and each "
+                 f"{backend.label} replica draws its own" if random else None)
+        low = str(getattr(model, "compute_dtype", "float32")) in ("bfloat16", "float16")
+        likely = parity.likely_cause(connection.replicas,
+                                     [] if whole_batch else parity.per_replica_norms(model),
+                                     exactness.scalar_losses(model),
+                                     not exactness.keras_steps(model))
+        objects = custom_objects_from(self.namespace, model)
+
+        def reference(m: Any, before: Any, batches: list) -> Any:
+            with exactness.suspended(m):
+                return backend.one_device_steps(m, before, batches,
+                                                lambda: cpu_copy(m, objects, backend))
+
+        where = f"{connection.strategy_name} {connection.replicas} {self.mesh} {connection.target}"
+        return parity.FirstStep(backend.step_state, self.inputs.first_batches, reference,
+                                parity.LOW_PRECISION_TOLERANCE if low else parity.TOLERANCE,
+                                likely, draws, where, self.agreed)
+
     # -- the three methods -----------------------------------------------------------------
 
     def _fit(self, model: Any, call: dict, named: set) -> Any:
@@ -249,17 +337,18 @@ class TrainingCell:
                 self.report.resumed_from = str(resume_from.path)
                 seed, call["initial_epoch"] = resume_from.seed, resume_from.epoch
         batch = self.inputs.for_fit(model, call, plan, seed)
-        if batch and not plan.global_batch:  # a dataset's batch, read from its first batch
+        if batch and not plan.global_batch:  # a dataset's batch, where it says so
             plan = plan_batches(batch, self.connection.replicas, what="the dataset's batch")
         _plan_memory(self, model, call["x"])  # before anything runs: it may refuse
         timing = FitTiming(global_batch=batch, flops_per_sample=self.flops.per_sample(model),
                            tokens_per_sample=utilization.tokens_per_sample(recorded.arguments["x"]))
         progress = FitProgress(timing, bar=self.bar if self.options.progress else None,
-                               view=self.view)
+                               view=self.view, batch_of=lambda: given_batch_size(call["x"]))
         saver = (self.checkpoints.callback(seed, self.connection, resume_from)
                  if self.checkpoints is not None else None)
+        check = self._first_step_check(model)
         call["callbacks"] = _callbacks(call.get("callbacks"), progress, saver, self.stop_event,
-                                       self.connection)
+                                       self.connection, check)
         if self.options.progress:
             call["verbose"] = 0
         interrupted, failure = False, None
@@ -276,12 +365,19 @@ class TrainingCell:
         ctrl_c = interrupted or stop.requested
         stopped = self.stop_event is not None and self.stop_event.is_set()
         interrupted = ctrl_c or stopped or failure is not None
+        if not plan.global_batch:  # a dataset's batch, known once Keras read it
+            plan = _seen_plan(given_batch_size(call["x"]), self.connection.replicas)
         self.report.add_fit(plan, timing, history, interrupted)
+        if check is not None and check.outcome is not None:
+            self.report.parity = check.outcome
+            warning = check.outcome.warning()
+            if warning:
+                self._note(warning, "warning: ")
         self.last_model, self.last_fit = model, recorded
         self.report.utilization = utilization.of_fit(
             self.connection, self.flops.counted(model), timing.samples_per_second,
             timing.steady_seconds / timing.steady_steps if timing.steady_steps else None,
-            call["x"], self.options.measured_tflops)
+            self.inputs.measurable, self.options.measured_tflops)
         if compiled_before is not None:
             self.report.xla_compile = self.connection.backend.compile_counts() - compiled_before
         if saver is not None:
@@ -329,6 +425,16 @@ class TrainingCell:
     def _predict_on_batch(self, model: Any, call: dict, named: set) -> Any:
         return self._predict(model, _predict_on_batch_call(call), {"x"})
 
+    def _train_on_batch(self, model: Any, call: dict, named: set) -> Any:
+        """One step on exactly the rows given: Keras's own, with the backend's rules for a
+        batch the devices do not divide (see `Backend.replica_steps`)."""
+        self._prepare(model)
+        return routing.keras_method("train_on_batch")(model, **call)
+
+    def _test_on_batch(self, model: Any, call: dict, named: set) -> Any:
+        self._prepare(model)
+        return routing.keras_method("test_on_batch")(model, **call)
+
 
 def _plan_memory(cell: TrainingCell, model: Any, data: Any) -> None:
     """The memory plan before the first step (`--shard model`, `--plan-for`), and
@@ -347,16 +453,23 @@ def _plan_memory(cell: TrainingCell, model: Any, data: Any) -> None:
                                                          options.plan_for)
 
 
+def _seen_plan(batch: int, replicas: int) -> BatchPlan:
+    """The plan of a batch Keras read from a user's input (0: none was read)."""
+    return BatchPlan(batch, replicas, batch // replicas if batch else 0)
+
+
 def _predict_on_batch_call(call: dict) -> dict:
     """`predict_on_batch(x)` as the `predict` call that gives its rows (one batch's worth)."""
     return {"x": call["x"], "batch_size": None, "verbose": 0, "steps": None, "callbacks": None}
 
 
 def _callbacks(given: Any, progress: FitProgress, saver: Any, stop_event: Any,
-               connection: Connection) -> list:
+               connection: Connection, check: Any = None) -> list:
     """A `fit`'s callbacks: the checkpoint saver first (every other callback sees restored
-    weights), the user's, the bar, the replicas' agreement, the panel's Stop."""
-    found = ([saver] if saver is not None else []) + list(given or []) + [progress]
+    weights), the parity check (before any callback of the user's touches the weights), the
+    user's, the bar, the replicas' agreement, the panel's Stop."""
+    found = ([saver] if saver is not None else []) + ([check] if check is not None else []) \
+        + list(given or []) + [progress]
     if connection.replicas > 1:  # one set of BatchNorm statistics, as its copy has
         found.append(ReplicasAgree(connection.backend))
     if stop_event is not None:
@@ -369,8 +482,15 @@ def _interrupted(steps: int, ctrl_c: bool) -> str:
             + (", and the rest of the cell does not run." if ctrl_c else "."))
 
 
-def _unnamed(label: str, connection: Connection) -> RewrapError:
+def _unnamed(label: str, parts: list[str], connection: Connection) -> RewrapError:
+    if not parts:
+        return RewrapError(
+            f"model {label!r} was built outside {connection.strategy_name}, and this "
+            "cell reaches it without naming it. Name it in the cell (tpu_magic rebuilds the "
+            "models a cell names) or build it inside the %%tpu_train cell.")
     return RewrapError(
-        f"model {label!r} was built outside {connection.strategy_name}, and this "
-        "cell reaches it without naming it. Name it in the cell (tpu_magic rebuilds the models "
-        "a cell names) or build it inside the %%tpu_train cell.")
+        f"model {label!r} uses {', '.join(parts)}, made outside "
+        f"{connection.strategy_name}, whose variables cannot move into it. Name "
+        f"{'it' if len(parts) == 1 else 'them'} in the %%tpu_train cell (tpu_magic makes the "
+        "layers and models a cell names again inside the strategy, weights included), or "
+        "make (and adapt) it inside the cell.")

@@ -28,7 +28,8 @@ models are fed whole batches of real samples only (see `training.inputs`).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+from typing import Any, Callable, Iterator
 
 import keras
 from keras import ops
@@ -282,3 +283,24 @@ def why_not_exact(model: Any, has_targets: bool) -> str | None:
             "batches of real samples only: fit leaves out the last few samples of each "
             "epoch's shuffled order (different ones each epoch), evaluate the last few "
             "samples, each fewer than one batch (the report counts them).")
+
+
+_OVERRIDES = ("compute_loss", "update_state", "build")
+
+
+@contextlib.contextmanager
+def suspended(model: Any) -> Iterator[None]:
+    """Plain Keras's steps for a while: the overrides `enable` put on the model, its loss
+    trackers and compiled metrics taken off, and put back after (the parity check's
+    one-device step runs so)."""
+    compiled_loss = getattr(model, "_compile_loss", None)
+    owners = [model, getattr(model, "_loss_tracker", None), compiled_loss,
+              getattr(model, "_compile_metrics", None),
+              *(getattr(compiled_loss, "metrics", None) or [])]
+    saved = [(owner, name, owner.__dict__.pop(name)) for owner in owners if owner is not None
+             for name in _OVERRIDES if name in getattr(owner, "__dict__", {})]
+    try:
+        yield
+    finally:
+        for owner, name, value in saved:
+            object.__setattr__(owner, name, value)

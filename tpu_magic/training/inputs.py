@@ -20,7 +20,6 @@ from tpu_magic.core import arrays
 from tpu_magic.core.batching import BatchPlan
 from tpu_magic.core.errors import InputError
 from tpu_magic.training import exactness, planning
-from tpu_magic.training.planning import is_dataset
 
 
 class Inputs:
@@ -37,16 +36,24 @@ class Inputs:
                  label: Callable[[Any], str]):
         self.connection, self.note, self.left_out, self.label = connection, note, left_out, label
         self.data = connection.backend.inputs()
+        # the last fit's first batches as fed (see `arrays.Pipeline.first`); None: not known
+        self.first_batches: Callable[[int], list] | None = None
+        # what the last fit's input share can be measured on: tpu_magic's own pipeline (drawn
+        # again), a user's input that timed its own reads, else None (drawing a user's dataset
+        # again would change the order its next pass reads)
+        self.measurable: Any = None
 
-    def exact(self, model: Any, has_targets: bool) -> bool:
-        """Whether padding can be masked out for this model; else say what happens instead."""
-        why = exactness.why_not_exact(model, has_targets)
-        if why is not None:
-            self.note(f"model {self.label(model)!r}: {why}")
-        return why is None
+    def remainder(self, model: Any, has_targets: bool) -> str:
+        """What becomes of the samples that do not fill the last batch
+        (`planning.remainder_for`); where they are left out, says so and why."""
+        remainder = planning.remainder_for(model, self.connection, has_targets)
+        if remainder == "drop":
+            self.note(f"model {self.label(model)!r}: "
+                      f"{exactness.why_not_exact(model, has_targets)}")
+        return remainder
 
-    def batch(self, plan: BatchPlan, model: Any, samples: int, drop: bool = False) -> int:
-        return planning.padded_batch(plan, model, samples, self.connection, drop)
+    def batch(self, plan: BatchPlan, model: Any, samples: int, remainder: str = "pad") -> int:
+        return planning.padded_batch(plan, model, samples, self.connection, remainder)
 
     def for_fit(self, model: Any, call: dict, plan: BatchPlan, seed: int) -> int:
         """`fit`'s x/y/weights and validation data as whole batches. Returns the batch a step
@@ -64,21 +71,31 @@ class Inputs:
             if y is None and weights is not None:
                 raise InputError("fit got sample_weight but no targets (y): weights apply to "
                                  "a loss against targets; pass y, or leave sample_weight out")
-            drop = not self.exact(model, y is not None)
+            remainder = self.remainder(model, y is not None)
             endless = self.connection.backend.repeats_input(
                 model.steps_per_execution, call.get("steps_per_epoch") is not None)
-            batch = self.batch(plan, model, arrays.num_samples(x), drop=drop)
+            batch = self.batch(plan, model, arrays.num_samples(x), remainder=remainder)
             train = self.data.train_pipeline(
                 x, y, weights, batch, shuffle=bool(call.get("shuffle", True)), repeat=endless,
                 seed=seed, first_epoch=call.get("initial_epoch") or 0,
-                strategy=self.connection.strategy, drop=drop)
+                strategy=self.connection.strategy, remainder=remainder)
             self._count("fit", train)
+            self.first_batches, self.measurable = train.first, train.dataset
             call.update(x=train.dataset, y=None, sample_weight=None, batch_size=None,
                         shuffle=False, steps_per_epoch=call.get("steps_per_epoch")
                         or (train.steps if endless else None))
-        elif is_dataset(x) and not call.get("class_weight"):  # Keras maps class weights in
-            call["x"] = self.dataset(model, x, plan.global_batch)
-            batch = batch or first_batch_size(call["x"])
+        elif planning.batched_input(x):
+            call["x"], applied = self.batched(
+                model, x, batch=plan.global_batch or None, shuffle=bool(call.get("shuffle")),
+                class_weight=call.get("class_weight"), steps=call.get("steps_per_epoch"),
+                keep=model.steps_per_execution)
+            if applied:
+                call["class_weight"] = None
+            batch = batch or given_batch_size(call["x"])
+            self.first_batches = getattr(call["x"], "first", None)
+            self.measurable = call["x"] if hasattr(call["x"], "read_seconds") else None
+        else:
+            self.first_batches = self.measurable = None
         self._validation(model, call, plan)
         return batch
 
@@ -86,20 +103,20 @@ class Inputs:
         data = call.get("validation_data")
         if data is None:
             return
-        if is_dataset(data):
-            call["validation_data"] = self.dataset(
-                model, data, self.connection.backend.dataset_batch_size(data))
+        if planning.batched_input(data):
+            call["validation_data"], _ = self.batched(model, data,
+                                                      steps=call.get("validation_steps"))
             return
-        if not isinstance(data, (tuple, list)):  # a PyDataset or generator: Keras reads it
+        if not isinstance(data, (tuple, list)):
             return
         vx, vy, vw = (tuple(data) + (None, None))[:3]
         if not (arrays.is_array_input(vx) and (vy is None or arrays.is_array_input(vy))):
             return
         vplan = planning.validation_plan(call, plan, model, self.connection)
-        drop = not self.exact(model, vy is not None)
+        remainder = self.remainder(model, vy is not None)
         evaluation = self.data.eval_pipeline(
-            vx, vy, vw, self.batch(vplan, model, arrays.num_samples(vx), drop=drop),
-            strategy=self.connection.strategy, drop=drop)
+            vx, vy, vw, self.batch(vplan, model, arrays.num_samples(vx), remainder=remainder),
+            strategy=self.connection.strategy, remainder=remainder)
         self._count("validation", evaluation)
         call.update(validation_data=evaluation.dataset, validation_batch_size=None,
                     validation_steps=call.get("validation_steps") or evaluation.steps)
@@ -107,15 +124,16 @@ class Inputs:
     def for_evaluate(self, model: Any, call: dict, plan: BatchPlan) -> None:
         x, y, weights = call["x"], call["y"], call["sample_weight"]
         if arrays.is_array_input(x) and (y is None or arrays.is_array_input(y)):
-            drop = not self.exact(model, y is not None)
+            remainder = self.remainder(model, y is not None)
             evaluation = self.data.eval_pipeline(
-                x, y, weights, self.batch(plan, model, arrays.num_samples(x), drop=drop),
-                strategy=self.connection.strategy, drop=drop)
+                x, y, weights, self.batch(plan, model, arrays.num_samples(x), remainder=remainder),
+                strategy=self.connection.strategy, remainder=remainder)
             self._count("evaluate", evaluation)
             call.update(x=evaluation.dataset, y=None, sample_weight=None, batch_size=None,
                         steps=call.get("steps") or evaluation.steps)
-        elif is_dataset(x):
-            call["x"] = self.dataset(model, x, plan.global_batch)
+        elif planning.batched_input(x):
+            call["x"], _ = self.batched(model, x, batch=plan.global_batch or None,
+                                        steps=call.get("steps"))
 
     def for_predict(self, model: Any, call: dict, plan: BatchPlan) -> int | None:
         """Returns the rows the outputs must be trimmed to (None: Keras reads the input)."""
@@ -125,31 +143,35 @@ class Inputs:
         rows = arrays.num_samples(x)
         if rows == 0:  # one batch of a zero row gives the outputs' shapes; 0 rows come back
             x = keras.tree.map_structure(lambda a: np.zeros((1,) + a.shape[1:], a.dtype), x)
+        remainder = "pad" if planning.pads(model, self.connection) else "short"
         samples = self.data.predict_pipeline(
-            x, self.batch(plan, model, arrays.num_samples(x)), strategy=self.connection.strategy)
+            x, self.batch(plan, model, arrays.num_samples(x), remainder),
+            strategy=self.connection.strategy, remainder=remainder)
         call.update(x=samples.dataset, batch_size=None, steps=samples.steps)
         return rows
 
-    def dataset(self, model: Any, data: Any, batch: int | None) -> Any:
-        """A user's dataset as whole batches: padded with the padding masked out where the
-        model's loss takes the mask, else every batch cut to equal shares per replica (a
-        custom step or an inputs-only dataset: no replica gets an empty or smaller share)."""
-        return self.connection.backend.whole_dataset(
-            data, batch, self.connection.strategy, self.note,
-            masked=exactness.masks_reach_loss(model, has_targets=True))
+    def batched(self, model: Any, data: Any, batch: int | None = None, shuffle: bool = False,
+                class_weight: Any = None, steps: int | None = None,
+                keep: int = 1) -> tuple[Any, bool]:
+        """A user's batched input (a dataset, a `PyDataset`, a generator) as whole batches:
+        padded with the padding masked out where the model's loss takes the mask, else as
+        the backend runs it exactly (see `Backend.user_batches`). Returns (the input,
+        whether `class_weight` is applied in it)."""
+        backend = self.connection.backend
+        return backend.user_batches(
+            data, self.connection.strategy, self.note,
+            masked=planning.pads(model, self.connection)
+            and exactness.masks_reach_loss(model, has_targets=True),
+            batch=batch or backend.dataset_batch_size(data), shuffle=shuffle,
+            class_weight=class_weight, steps=steps, keep=keep)
 
     def _count(self, what: str, pipeline: arrays.Pipeline) -> None:
         if pipeline.left_out:
             self.left_out[what] = pipeline.left_out
 
 
-def first_batch_size(data: Any) -> int:
-    """The rows of the first batch of built input that can be indexed (a `PyDataset`), 0 where
-    it cannot be told without reading it up."""
-    try:
-        first = data[0] if isinstance(data, keras.utils.PyDataset) else None
-    except (IndexError, TypeError, KeyError, StopIteration):
-        return 0
-    if first is None:
-        return 0
-    return arrays.num_samples(keras.utils.unpack_x_y_sample_weight(first)[0])
+def given_batch_size(data: Any) -> int:
+    """The batch of a built input where it says so without being read (0: not known yet;
+    reading a user's stream ahead of Keras would change what Keras reads)."""
+    size = getattr(data, "batch_size", None)
+    return size if isinstance(size, int) else 0

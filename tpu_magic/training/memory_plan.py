@@ -57,7 +57,11 @@ def device_bytes(connection: Any, planned: tuple[Chip, int] | None) -> float | N
 
 
 def first_batch(data: Any) -> Any:
-    """The first global batch of a built input (a `PyDataset` of whole batches), or None."""
+    """The first global batch of a built input (tpu_magic's own `PyDataset` of whole batches,
+    or a user's input that can show it without being read ahead: `peek`), or None."""
+    peek = getattr(data, "peek", None)
+    if callable(peek):
+        return peek()
     try:
         return data[0] if hasattr(data, "__getitem__") and hasattr(data, "__len__") else None
     except (IndexError, TypeError, KeyError):

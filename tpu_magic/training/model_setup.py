@@ -13,9 +13,10 @@ from typing import Any
 
 import keras
 
-from tpu_magic.training import exactness, precision
+from tpu_magic.training import exactness, planning, precision
 
 _TRACED = "_tpu_magic_traced"  # on the model: its functions were traced with the settings
+_STATE = "_tpu_magic_state"  # on the model: which variables its traced functions take
 
 
 def prepare(model: Any, connection: Any, steps_per_execution: int | None,
@@ -37,10 +38,16 @@ def prepare(model: Any, connection: Any, steps_per_execution: int | None,
         model.jit_compile = False
         retrace = True
     _mark_built_without_call(model)
-    if exactness.enable(model, connection.backend.replica_sum):
+    # Only a model that may get padded batches needs the masks; elsewhere plain Keras's code.
+    if planning.pads(model, connection) and \
+            exactness.enable(model, connection.backend.replica_sum):
         retrace = True
     changed, said = precision.keep_outputs_float32(chosen, model, label)
     notes += said
+    state = state_key(model)
+    if model.__dict__.get(_STATE) != state:  # variables frozen, unfrozen, merged or swapped
+        object.__setattr__(model, _STATE, state)
+        retrace = True
     if changed or retrace:
         model.train_function = model.test_function = model.predict_function = None
         object.__setattr__(model, _TRACED, True)
@@ -60,3 +67,15 @@ def _mark_built_without_call(model: Any) -> None:
     layers = list(model._flatten_layers(include_self=False))
     if layers and all(layer.built for layer in layers):
         model.built = True
+
+
+def state_key(model: Any) -> tuple:
+    """Which variables the model's steps take, in which role: a function traced for one
+    key cannot run another (on JAX its output shardings are fixed for the old state, a
+    pytree error), so a change (`trainable = False`, a LoRA merge, a layer swapped)
+    retraces, as plain Keras without a distribution would."""
+    optimizer = getattr(model, "optimizer", None)
+    groups = (model.trainable_variables, model.non_trainable_variables,
+              optimizer.variables if optimizer is not None and optimizer.built else (),
+              model.metrics_variables)
+    return tuple(tuple((id(v), v.path) for v in group) for group in groups)

@@ -17,6 +17,7 @@ import numpy as np
 
 from tpu_magic.core import arrays
 from tpu_magic.core.batching import TPU_TILE, BatchPlan, plan_batches, scaled_learning_rate
+from tpu_magic.training import exactness
 from tpu_magic.core.errors import BatchSizeError, InputError
 
 KERAS_DEFAULT_BATCH = 32
@@ -52,6 +53,11 @@ def _numpy_leaves(data: Any) -> Any:
             not all(hasattr(a, "__array__") and hasattr(a, "shape") for a in leaves):
         return data
     return keras.tree.map_structure(np.asarray, data)
+
+
+def batched_input(data: Any) -> bool:
+    """Input that comes in batches of its own: a dataset, a `PyDataset`, a generator."""
+    return is_dataset(data) or read_once(data) or isinstance(data, keras.utils.PyDataset)
 
 
 def read_once(data: Any) -> bool:
@@ -99,7 +105,7 @@ def plan_call(method: str, model: Any, call: dict, named: set, connection: Any,
     data = call.get("x")
     check_samples(method, call)
     refuse_strings(model, data, connection, label)
-    if is_dataset(data):
+    if batched_input(data):
         batch, what = connection.backend.dataset_batch_size(data), "the dataset's batch"
         if batch is None:
             return BatchPlan(0, replicas, 0)
@@ -111,8 +117,12 @@ def plan_call(method: str, model: Any, call: dict, named: set, connection: Any,
         batch, what = static * replicas, key
     elif method == "fit":
         batch, what = KERAS_DEFAULT_BATCH, key  # Keras's default, advice included
+    elif KERAS_DEFAULT_BATCH % replicas == 0:
+        # evaluate/predict: Keras's default, as plain Keras batches it (a custom test_step
+        # may average per-batch numbers, and a layer may mix a batch's rows); no TPU advice
+        # for a batch the user did not choose
+        return plan_batches(KERAS_DEFAULT_BATCH, replicas, static_per_replica=static, what=key)
     else:
-        # evaluate/predict: any batch gives the same results, so pick one that fits.
         unit = _unit(connection)
         batch, what = math.ceil(KERAS_DEFAULT_BATCH / unit) * unit, key
     return plan_batches(batch, replicas, tpu_rules=connection.tpu_rules,
@@ -150,22 +160,40 @@ def validation_plan(call: dict, plan: BatchPlan, model: Any, connection: Any) ->
                         static_per_replica=plan.per_replica if static_batch(model) else None)
 
 
+def pads(model: Any, connection: Any) -> bool:
+    """Whether the model's last batch may be padded: everywhere but where the backend runs
+    a short batch as it is (JAX in one process), unless the model's Input fixes the batch.
+    Where nothing is padded, every step runs plain Keras's code: nothing to mask."""
+    return not connection.backend.runs_short_batches() or static_batch(model) is not None
+
+
+def remainder_for(model: Any, connection: Any, has_targets: bool) -> str:
+    """What becomes of the samples that do not fill a call's last batch (see
+    `backends.protocol.InputBuilder`): "short" where nothing is padded, "pad" where the
+    model's loss takes the padding mask (`exactness`), else "drop"."""
+    if not pads(model, connection):
+        return "short"
+    return "pad" if exactness.masks_reach_loss(model, has_targets) else "drop"
+
+
 def padded_batch(plan: BatchPlan, model: Any, samples: int, connection: Any,
-                 drop: bool = False) -> int:
+                 remainder: str = "pad") -> int:
     """The batch NumPy data is cut into.
 
     A batch larger than the data shrinks to the data, rounded up to whole replicas (the
-    same results without padding, say, 10**9 rows); with `drop` (no padding), rounded
-    down instead.
+    same results without padding, say, 10**9 rows); "short": the data itself; "drop": rounded
+    down to whole replicas instead.
 
     Raises:
-        BatchSizeError: with `drop`, too few samples for one batch over the replicas.
+        BatchSizeError: "drop", too few samples for one batch over the replicas.
     """
     if static_batch(model) is not None:
         return plan.global_batch
     unit = _unit(connection)
-    if not drop:
+    if remainder == "pad":
         return min(plan.global_batch, max(1, math.ceil(samples / unit)) * unit)
+    if remainder == "short":
+        return min(plan.global_batch, samples)
     whole = (samples // unit) * unit or (samples // plan.replicas) * plan.replicas
     if not whole:
         raise BatchSizeError(

@@ -112,12 +112,16 @@ class FitProgress(keras.callbacks.Callback):
         bar: a tqdm-like class (e.g. `tqdm.auto.tqdm`), or None for no bars.
         min_interval: seconds between two redraws.
         view: also shows the training (same throttle), e.g. the panel.
+        batch_of: the global batch, for an input whose batch is known only once Keras
+            read it (a user's dataset).
     """
 
     def __init__(self, timing: FitTiming, bar: Callable[..., Any] | None = None,
-                 min_interval: float = 0.2, view: TrainingView | None = None):
+                 min_interval: float = 0.2, view: TrainingView | None = None,
+                 batch_of: Callable[[], int] | None = None):
         super().__init__()
         self.timing = timing
+        self._batch_of = batch_of
         self._bar_class = bar
         self._min_interval = min_interval
         self._view = view
@@ -158,6 +162,8 @@ class FitProgress(keras.callbacks.Callback):
         if self.timing.steps_per_epoch:
             position = min(position, self.timing.steps_per_epoch)
         self.timing.steps_done = self._epoch_steps_before + position
+        if not self.timing.global_batch and self._batch_of is not None:
+            self.timing.global_batch = self._batch_of()
         if self.timing.diverged is None and not _finite((logs or {}).get("loss", 0.0)):
             self.timing.diverged = (self._epoch + 1, position)
             if self.batch_bar is not None:  # said once, and kept on the bar

@@ -35,6 +35,8 @@ class TrainReport:
             JAX's persistent cache and programs compiled, and the seconds they took.
         left_out: samples left out of a pass ("fit" per epoch, "validation", "evaluate") for
             a model whose loss cannot skip padding (it gets whole batches of real samples).
+        parity: the cell's first `fit`'s first step against the same step on one device
+            (`training.parity`).
     """
 
     strategy: str
@@ -65,6 +67,7 @@ class TrainReport:
     memory_plan: str | None = None  # --shard model, --plan-for: one device's planned memory
     tokens_per_second: float | None = None  # token-id inputs: real tokens in the steady state
     utilization: Any = None  # a `utilization.Utilization` of the last fit
+    parity: Any = None  # the first-step parity check: a `parity.Parity` or `parity.Skipped`
     seconds: float = 0.0
 
     def add_fit(self, plan: Any, timing: Any, history: Any, interrupted: bool) -> None:
@@ -96,6 +99,8 @@ class TrainReport:
             if self.compile_seconds is not None:
                 lines.append(f"  first step (tracing, compiling, running it): "
                              f"{self.compile_seconds:.2f} s")
+            if self.parity is not None:
+                lines.append(f"  {self.parity.line()}")
             xla = self.xla_compile.describe() if self.xla_compile is not None else None
             if xla:  # over the whole fit: validation's and the last batch's programs too
                 lines.append(f"  {xla}, over the whole fit")

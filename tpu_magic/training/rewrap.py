@@ -32,8 +32,14 @@ class Rewrapped:
     new: Any
     optimizer_state_copied: bool
     parts: tuple[str, ...] = ()  # names of its layers and inner models, rebound to the new ones
+    placed: bool = False  # its variables moved onto the devices (JAX): the same object
 
     def summary(self, strategy_name: str, replicas: int) -> str:
+        what = "model" if isinstance(self.old, keras.Model) else "layer"
+        if self.placed:
+            return (f"`{self.names[0]}` was built outside {strategy_name}: its variables now "
+                    f"live on the {replicas} device{'s' * (replicas != 1)}, laid out for it "
+                    f"(the same {what}, its weights and state as they were).")
         if self.new is self.old:
             return (f"`{self.names[0]}` was compiled outside {strategy_name} and has no weights "
                     "yet: compiled again inside it (same compile settings); its weights will be "
@@ -141,10 +147,7 @@ def rewrap(model: Any, connection: Any, custom_objects: Mapping[str, Any],
     if config is None and not model.weights:
         # No weights to move (a subclassed model before its first call): only its optimizer
         # and metrics were made outside, and compiling again inside the strategy remakes them.
-        with keras.saving.custom_object_scope(dict(custom_objects)), strategy.scope():
-            if compile_config:
-                model.compile_from_config(compile_config)
-        return model, False
+        return model, compile_again(model, connection, custom_objects)
     if config is None:
         raise RewrapError(
             f"model {name!r} ({type(model).__name__}) was built outside the strategy and "
@@ -165,6 +168,63 @@ def rewrap(model: Any, connection: Any, custom_objects: Mapping[str, Any],
             new.compile_from_config(compile_config)  # a new optimizer from the old one's config
         copied = _restore_optimizer_state(new, optimizer_state)
     return new, copied
+
+
+def compile_again(model: Any, connection: Any, custom_objects: Mapping[str, Any]) -> bool:
+    """A model whose optimizer and metrics were made outside the strategy (compiled in a
+    plain cell), compiled again inside it from its compile config, the optimizer's state
+    copied over. Returns whether there was state to copy."""
+    state = variables.optimizer_state(model, connection.backend)
+    with keras.saving.custom_object_scope(dict(custom_objects)), connection.strategy.scope():
+        if model.compiled:
+            model.compile_from_config(model.get_compile_config())
+        return _restore_optimizer_state(model, state)
+
+
+def rebuilt_layer(layer: Any, connection: Any, custom_objects: Mapping[str, Any],
+                  label: str) -> Any:
+    """A layer made (or adapted) outside the strategy, made again inside it from its
+    config and build config, with its weights (an adapted `Normalization`'s statistics).
+
+    Raises:
+        RewrapError: the layer cannot be rebuilt from its config.
+    """
+    with connection.backend.reading(layer):
+        weights = layer.get_weights()
+    try:
+        with keras.saving.custom_object_scope(dict(custom_objects)), \
+                connection.strategy.scope():
+            new = type(layer).from_config(layer.get_config())
+            build = layer.get_build_config()
+            if build:
+                new.build_from_config(build)
+            new.set_weights(weights)
+    except (TypeError, ValueError, NotImplementedError) as exc:
+        raise RewrapError(f"layer {label!r} was made outside the strategy and cannot be made "
+                          f"again inside it: "
+                          f"{unbuildable(exc, ', or make it inside the %%tpu_train cell')}"
+                          ) from None
+    return new
+
+
+def made_outside(model: Any, moved: list, namespace: Mapping[str, Any]) -> list[str]:
+    """The parts of `model` whose variables were made outside the distribution (`moved`),
+    outermost first, each by its notebook name where it has one: "`norm`
+    (Normalization)", "layer 'dense_3' (Dense)", "its optimizer's state"."""
+    moved_ids = {id(v) for v in moved}
+    found, inside = [], set()
+    for layer in model._flatten_layers(include_self=False):
+        own = [id(v) for v in layer.variables]
+        if id(layer) in inside or not own or not all(i in moved_ids for i in own):
+            continue
+        inside.update(id(inner) for inner in layer._flatten_layers(include_self=False))
+        names = names_of(namespace, layer)
+        found.append(f"`{names[0]}` ({type(layer).__name__})" if names
+                     else f"layer {layer.name!r} ({type(layer).__name__})")
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and any(id(v) in moved_ids for v in optimizer.variables):
+        found.append("its optimizer's state")
+    return found
 
 
 def unbuildable(exc: BaseException, instead: str = "") -> str:
@@ -215,8 +275,9 @@ def rewrap_namespace(
     Every name in the namespace that pointed at an old model points at its new one.
     """
     done: list[Rewrapped] = []
-    outside = [name for name in sorted(names) if isinstance(namespace.get(name), keras.Model)
-               and built_outside(namespace[name], connection)]
+    outside = [name for name in sorted(names)
+               if isinstance(namespace.get(name), keras.layers.Layer)
+               and namespace[name].weights and built_outside(namespace[name], connection)]
     # A model that holds others (a classifier on a base model) first: its parts are rebound to
     # the new model's parts, so the family stays one (unfreezing `base` later changes the
     # model that trains), and none of them is rebuilt on its own.
@@ -225,8 +286,16 @@ def rewrap_namespace(
         model = namespace[name]
         if not built_outside(model, connection) or _rebound(model, done):
             continue
-        new, copied = rewrap(model, connection, custom_objects_from(namespace, model), label=name)
         rebound = tuple(names_of(namespace, model))
+        if connection.backend.place(model, connection) is not None:  # moved where it is
+            done.append(Rewrapped(rebound, model, model, True, placed=True))
+            continue
+        if isinstance(model, keras.Model):
+            new, copied = rewrap(model, connection, custom_objects_from(namespace, model),
+                                 label=name)
+        else:
+            new, copied = rebuilt_layer(model, connection, custom_objects_from(namespace, model),
+                                        label=name), False
         for key in rebound:
             namespace[key] = new
         parts = _rebind_parts(namespace, model, new) if new is not model else ()

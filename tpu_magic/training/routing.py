@@ -27,10 +27,10 @@ from typing import Any, Callable, Iterator, Protocol
 
 import keras
 
-# predict_on_batch too: under MirroredStrategy Keras hands each replica the whole batch and
-# concatenates their outputs (12 rows in, 96 out on 8 replicas). train_on_batch and
-# test_on_batch give one device's numbers there (each replica's share is the whole batch).
-METHODS = ("fit", "evaluate", "predict", "predict_on_batch")
+# The *_on_batch methods too: under MirroredStrategy Keras hands each replica the whole batch
+# (predict_on_batch then concatenates their outputs: 12 rows in, 96 out on 8 replicas), and
+# under JAX's DataParallel a batch the devices do not divide fails (IndivisibleError).
+METHODS = ("fit", "evaluate", "predict", "predict_on_batch", "train_on_batch", "test_on_batch")
 _ADOPTED = "_tpu_magic_router"
 _MISSING = object()
 _local = threading.local()

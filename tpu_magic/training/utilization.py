@@ -79,10 +79,22 @@ def _tflops(value: float) -> str:
 
 def input_need(dataset: Any, step_seconds: float | None) -> tuple[float, str, bool] | None:
     """The share of a step's time the input alone needs for a batch, how that was measured,
-    and whether it makes the run input-bound; None for inputs that cannot be drawn again
-    (a generator) or without a step time."""
+    and whether it makes the run input-bound; None without a step time, or for an input
+    that neither timed its own reads (a user's, read through `jax_data.whole_batches`) nor
+    can be drawn again without changing what the next pass reads (tpu_magic's own
+    pipelines of NumPy arrays can)."""
     if not step_seconds:
         return None
+    timed = getattr(dataset, "read_seconds", None)
+    if callable(timed):
+        seconds, count = timed()
+        if not count:
+            return None
+        per_batch = seconds / count
+        share = min(1.0, per_batch / step_seconds)
+        return (share, f"is what reading the input took for a batch ({per_batch * 1e3:.1f} ms, "
+                       f"{count} batches timed as fit read them; a step took "
+                       f"{step_seconds * 1e3:.1f} ms)", share >= INPUT_BOUND)
     try:
         if hasattr(dataset, "element_spec"):  # tf.data, distributed or not
             batches = iter(dataset)

@@ -1,0 +1,63 @@
+"""A model's training state at one moment, as host arrays: what the first-step parity check
+compares (`training.parity`) and what the backends read and run it from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class StepState:
+    """A model's variables in Keras's order (`Model._get_jax_state`): trainable,
+    non-trainable, optimizer, metrics. A `None` entry is a variable not copied because no
+    step changes it (a weight of a frozen layer); a run reads it from the model."""
+
+    trainable: tuple
+    non_trainable: tuple
+    optimizer: tuple
+    metrics: tuple
+
+    @property
+    def groups(self) -> tuple[tuple, tuple, tuple, tuple]:
+        return self.trainable, self.non_trainable, self.optimizer, self.metrics
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for group in self.groups for a in group if a is not None)
+
+
+def host_copy(value: Any) -> np.ndarray:
+    """A variable's value as a NumPy array of its own (gathered where it is sharded)."""
+    return np.array(value, copy=True)
+
+
+def update_of(before: tuple, after: tuple) -> np.ndarray:
+    """The change of the floating-point arrays of a group, flattened into one vector."""
+    parts = [np.asarray(b, np.float64).ravel() - np.asarray(a, np.float64).ravel()
+             for a, b in zip(before, after)
+             if a is not None and b is not None and is_float(np.asarray(a).dtype)]
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def is_float(dtype: Any) -> bool:
+    """NumPy's floats and ml_dtypes' (bfloat16 is not a NumPy floating type)."""
+    dtype = np.dtype(dtype)
+    return dtype.kind == "f" or "float" in dtype.name
+
+
+def state_groups(model: Any) -> tuple[list, list, list, list]:
+    """A model's variables in the order of Keras's JAX state (`_get_jax_state`)."""
+    optimizer = getattr(model, "optimizer", None)
+    return (list(model.trainable_variables), list(model.non_trainable_variables),
+            list(optimizer.variables) if optimizer is not None else [],
+            list(getattr(model, "metrics_variables", [])))
+
+
+def frozen_variables(model: Any) -> set[int]:
+    """The floating-point variables of frozen layers (`trainable = False`), by id: no step
+    changes them, so the parity check reads them from the model instead of copying them."""
+    return {id(v) for layer in model._flatten_layers() if not layer.trainable
+            for v in layer.variables if is_float(v.dtype)}

@@ -1,0 +1,364 @@
+"""The first-step parity check: a cell's first distributed step against the same step on one
+device, from the same weights and the same batch.
+
+At a cell's first `fit` (on by default; `--verify off` skips it), the state before the
+first step is copied to the host, the step runs as it always does, and then the backend
+runs the same step on one device, with plain Keras's code (tpu_magic's padding rules taken
+off) on the batch's real rows (`Backend.one_device_steps`). The logs (the loss, the
+metrics) and the update of the trainable variables are compared. A relative difference
+over the tolerance is a warning in the cell and in the report, naming both numbers and the
+likely cause; nothing is changed. A silently different number is the worst thing this
+project could ship, so this is the one general check behind every special rule.
+
+Where the check cannot be exact it is skipped with a note: a first batch that cannot be
+read again, a model that draws random numbers where replicas draw their own, a copy that
+cannot be built.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import keras
+import numpy as np
+
+from tpu_magic.core.packed import MASK, WEIGHT, is_packed
+from tpu_magic.core.steps import StepState, update_of
+
+TOLERANCE = 1e-4  # relative, float32 compute
+LOW_PRECISION_TOLERANCE = 2e-2  # a 16-bit compute policy rounds differently per split
+
+
+@dataclass(frozen=True)
+class Parity:
+    """The first step, distributed and on one device.
+
+    Attributes:
+        steps: steps compared (the first execution: `steps_per_execution` of them).
+        logs: (key, distributed, one device) for every number both logged.
+        update: the size (L2 norm) of the trainable variables' update, distributed and on one
+            device.
+        update_difference: the relative difference of the two updates' sizes.
+        state_difference: the same for the non-trainable variables that moved (BatchNorm
+            statistics), None where none moved.
+        tolerance: the relative difference allowed.
+        seconds: what the check added to the first step.
+        likely: the likely cause of a difference, in words (None where they agree).
+        setup: the model, batch and devices compared (`setup_key`).
+    """
+
+    steps: int
+    logs: tuple[tuple[str, float, float], ...]
+    update: tuple[float, float]
+    update_difference: float
+    state_difference: float | None
+    tolerance: float
+    seconds: float
+    likely: str | None = None
+    setup: str = ""  # what was compared (`setup_key`): the same setup need not be again
+
+    @property
+    def differences(self) -> list[tuple[str, float]]:
+        """Every compared number and its relative difference, largest first."""
+        found = [(key, relative(ours, theirs)) for key, ours, theirs in self.logs]
+        found.append(("update", self.update_difference))
+        if self.state_difference is not None:
+            found.append(("non-trainable state", self.state_difference))
+        return sorted(found, key=lambda item: -item[1])
+
+    @property
+    def agrees(self) -> bool:
+        return all(difference <= self.tolerance for _, difference in self.differences)
+
+    def _numbers(self) -> str:
+        shown = [f"{key} {ours:.6g} vs {theirs:.6g}" for key, ours, theirs in self.logs[:3]]
+        shown.append(f"update size {self.update[0]:.6g} vs {self.update[1]:.6g}")
+        return ", ".join(shown)
+
+    def line(self) -> str:
+        """One line for the report."""
+        steps = f"{self.steps} steps" if self.steps > 1 else "step"
+        verdict = ("the same as on one device" if self.agrees else
+                   "DIFFERS from one device")
+        return (f"first {steps} {verdict} (distributed vs one device: {self._numbers()}; "
+                f"checked in {self.seconds:.2f} s)")
+
+    def warning(self) -> str | None:
+        """What to say where the first step differs (None where it agrees)."""
+        if self.agrees:
+            return None
+        key, difference = self.differences[0]
+        return (f"the first distributed step differs from the same step on one device "
+                f"({key} off by {difference:.2g} relative, over {self.tolerance:g}): "
+                f"{self._numbers()}. Likely cause: {self.likely or 'not known'}. This cell's "
+                "numbers will not be plain Keras's on one device.")
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """The check did not run, and why."""
+
+    why: str
+    seconds: float = 0.0
+    setup: str = ""
+
+    agrees = True
+
+    def line(self) -> str:
+        return f"first step not compared with one device: {self.why}"
+
+    def warning(self) -> None:
+        return None
+
+
+def relative(ours: float, theirs: float) -> float:
+    """|ours - theirs| relative to the larger magnitude (0 for two zeros, inf for a NaN)."""
+    if math.isnan(ours) or math.isnan(theirs):
+        return 0.0 if math.isnan(ours) and math.isnan(theirs) else math.inf
+    scale = max(abs(ours), abs(theirs))
+    return abs(ours - theirs) / scale if scale > 1e-12 else 0.0
+
+
+def real_rows(batch: Any) -> tuple[Any, bool]:
+    """A batch as plain Keras would get it: the packed sample weight's padding rows left out
+    and the user's own weights restored. Returns (the batch, whether it was padded)."""
+    x, y, weight = keras.utils.unpack_x_y_sample_weight(batch)
+    if not is_packed(weight):
+        return batch, False
+    keep = np.asarray(weight[MASK]) > 0
+    users = np.asarray(weight[WEIGHT])
+    padded = not bool(keep.all())
+
+    def pick(a: Any) -> Any:
+        return keras.tree.map_structure(lambda v: np.asarray(v)[keep], a)
+
+    weight = None if np.all(users == 1) else users[keep]
+    return keras.utils.pack_x_y_sample_weight(pick(x), pick(y), weight), padded
+
+
+def compare(before: StepState, after: StepState, theirs: StepState, logs: dict,
+            their_logs: dict, steps: int, tolerance: float, seconds: float,
+            likely: Callable[[bool, float | None], str], setup: str = "") -> Parity:
+    """The distributed run (`after`, `logs`) against one device's (`theirs`, `their_logs`),
+    both from `before`. `likely(loss_differs, update_ratio)` names a cause."""
+    shared = [key for key in their_logs if key in logs]
+    numbers = tuple((key, _number(logs[key]), _number(their_logs[key])) for key in shared)
+    # Sizes, not the vectors: Adam's first step divides each gradient by its own size, so
+    # a weight whose gradient is float noise (a bias before a BatchNormalization) moves by
+    # a noisy amount on any two devices; the size of the whole update does not.
+    size = (_size(update_of(before.trainable, after.trainable)),
+            _size(update_of(before.trainable, theirs.trainable)))
+    difference = relative(*size)
+    moved = (_size(update_of(before.non_trainable, after.non_trainable)),
+             _size(update_of(before.non_trainable, theirs.non_trainable)))
+    state = relative(*moved) if any(moved) else None
+    parity = Parity(steps, numbers, size, difference, state, tolerance, seconds, setup=setup)
+    if parity.agrees:
+        return parity
+    loss_differs = any(relative(a, b) > tolerance for key, a, b in numbers)
+    ratio = size[0] / size[1] if size[1] > 0 else None
+    return Parity(steps, numbers, size, difference, state, tolerance, seconds,
+                  likely(loss_differs, ratio), setup)
+
+
+def _number(value: Any) -> float:
+    try:
+        return float(np.asarray(value))
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _size(update: np.ndarray) -> float:
+    return float(np.linalg.norm(update))
+
+
+def likely_cause(replicas: int, per_replica_norms: list[str], batch_losses: list[str],
+                 own_step: bool) -> Callable[[bool, float | None], str]:
+    """Names the likely cause of a difference, from what the model is made of.
+
+    Args:
+        replicas: how many parts the batch is split into.
+        per_replica_norms: layers that normalize each replica's share of the batch on their
+            own (a non-synchronized BatchNormalization on TensorFlow replicas).
+        batch_losses: losses that reduce the batch to one number themselves.
+        own_step: the model trains with its own `train_step`.
+    """
+    def likely(loss_differs: bool, update_ratio: float | None) -> str:
+        if per_replica_norms:
+            return (f"per-replica state: {', '.join(per_replica_norms[:3])} normalize each "
+                    f"replica's 1/{replicas} of the batch with its own statistics; "
+                    "`BatchNormalization(synchronized=True)` normalizes the whole batch, as "
+                    "one device does")
+        if update_ratio and not loss_differs and any(
+                abs(update_ratio - r) / r < 0.05 for r in (replicas, 1 / replicas)):
+            return (f"loss scaling: the update is {update_ratio:.3g}x one device's, about the "
+                    f"{replicas} replicas: the loss or its gradient is summed or averaged over "
+                    "the replicas once too often (a custom train_step's own reduction?)")
+        if batch_losses or own_step:
+            what = ", ".join(batch_losses) if batch_losses else "its own train_step's loss"
+            return (f"a loss over the whole batch: {what} is computed on each replica's "
+                    f"1/{replicas} of the batch (in-batch negatives, a batch mean or "
+                    "statistic), not on the whole batch as on one device")
+        return "not one tpu_magic knows: please report it with the cell"
+    return likely
+
+
+def setup_key(model: Any, batches: list, where: str) -> str:
+    """What makes two first steps the same computation: the model's layers (their classes,
+    the source of a notebook's own), variables, dtype policies and compile settings, the
+    batches' shapes and dtypes, and the devices (`where`). Weight values are not part of it:
+    an unseeded model rebuilt by the same cell is the same setup."""
+    layers = [(_class_key(type(layer)), layer.trainable, str(getattr(layer, "dtype_policy", "")))
+              for layer in model._flatten_layers()]
+    # by place, not path: Keras numbers the names of a model built again (dense_1, dense_2)
+    variables = [(tuple(v.shape), str(v.dtype), v.trainable) for v in model.variables]
+    optimizer = getattr(model, "optimizer", None)
+    compiled = (repr(_loss_key(getattr(model, "loss", None))),
+                type(optimizer).__name__ if optimizer is not None else None,
+                sorted((k, repr(v)) for k, v in (optimizer.get_config().items()
+                                                 if optimizer is not None else ())
+                       if k != "name"),
+                [getattr(m, "name", repr(m)) for m in getattr(model, "metrics", [])])
+    shapes = [keras.tree.map_structure(lambda a: (tuple(np.shape(a)), str(np.asarray(a).dtype)),
+                                       batch) for batch in batches]
+    text = repr((layers, variables, compiled, shapes, where, _class_key(type(model))))
+    return hashlib.sha1(text.encode()).hexdigest()
+
+
+def _class_key(cls: type) -> str:
+    """A class by its name, and by its source where a notebook defined it (a cell run again
+    defines a new class object with the same source)."""
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    if cls.__module__ in ("__main__", "builtins") or cls.__module__.startswith("<"):
+        try:
+            return name + ":" + hashlib.sha1(inspect.getsource(cls).encode()).hexdigest()
+        except (OSError, TypeError):
+            return f"{name}:{id(cls)}"
+    return name
+
+
+def _loss_key(loss: Any) -> Any:
+    if callable(loss) and not isinstance(loss, keras.losses.Loss):
+        return _class_key(loss) if isinstance(loss, type) else getattr(loss, "__qualname__", loss)
+    return keras.tree.map_structure(
+        lambda item: (type(item).__name__, sorted(item.get_config().items()))
+        if isinstance(item, keras.losses.Loss) else item, loss) if loss is not None else None
+
+
+class FirstStep(keras.callbacks.Callback):
+    """Copies the state before a fit's first step, and after its first execution (K steps)
+    compares it with the same steps on one device (see the module's docstring).
+
+    Args:
+        state: reads the model's `StepState` (the backend's `step_state`).
+        first_batches: the first `k` batches of the epoch as fed (None: cannot be known).
+        reference: runs `k` batches on one device from a `StepState`, returning (its logs,
+            its `StepState`): the backend's `one_device_steps`.
+        tolerance: the relative difference allowed.
+        likely: names a cause (see `likely_cause`).
+        random_draws: where the replicas would draw random numbers one device does not
+            (Dropout on TensorFlow replicas): the check is skipped, saying so.
+        where: the devices the model trains on, for `setup_key`.
+        agreed: setups compared earlier in this notebook that agreed: not compared again.
+
+    After fit, `outcome` is a `Parity` or `Skipped` (None: the first step never ended).
+    """
+
+    def __init__(self, state: Callable[[Any], StepState],
+                 first_batches: Callable[[int], list | None] | None,
+                 reference: Callable[[Any, StepState, list], tuple[dict, StepState]],
+                 tolerance: float, likely: Callable[[bool, float | None], str],
+                 random_draws: str | None = None, where: str = "",
+                 agreed: frozenset = frozenset()):
+        super().__init__()
+        self._state, self._first_batches, self._reference = state, first_batches, reference
+        self._tolerance, self._likely, self._random_draws = tolerance, likely, random_draws
+        self._where, self._agreed = where, agreed
+        self._before: StepState | None = None
+        self._done = False
+        self.outcome: Parity | Skipped | None = None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self._done or self._before is not None:
+            return
+        if self._random_draws:
+            self._skip(self._random_draws)
+            return
+        if self._first_batches is None:
+            self._skip("its input's first batch cannot be read again without changing what "
+                       "Keras reads")
+            return
+        start = time.perf_counter()
+        self._before = self._state(self.model)
+        self._copy_seconds = time.perf_counter() - start
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._done or self._before is None:
+            return
+        self._done = True
+        start = time.perf_counter()
+        steps = batch + 1
+        batches = self._first_batches(steps)
+        if not batches or len(batches) < steps:
+            self._skip("its first batches were not kept")
+            return
+        setup = setup_key(self.model, batches, self._where)
+        if setup in self._agreed:
+            self._skip("the same model, batch and devices agreed with one device earlier "
+                       "in this notebook", setup)
+            return
+        fed = [real_rows(b) for b in batches]
+        if any(padded for _, padded in fed) and self._random_draws is None and \
+                _draws_random_numbers(self.model):
+            self._skip("its first batch is padded and it draws random numbers (Dropout), "
+                       "which a batch of another size draws differently")
+            return
+        after = self._state(self.model)
+        try:
+            their_logs, theirs = self._reference(self.model, self._before, [b for b, _ in fed])
+        except Exception as exc:  # noqa: BLE001 - the check must never break the cell
+            text = str(exc).strip().splitlines()
+            self._skip(f"the one-device step could not run ({type(exc).__name__}: "
+                       f"{text[0] if text else ''})")
+            return
+        seconds = self._copy_seconds + time.perf_counter() - start
+        self.outcome = compare(self._before, after, theirs, _pythonic(logs),
+                               _pythonic(their_logs), steps, self._tolerance, seconds,
+                               self._likely, setup)
+        self._before = None
+
+    def _skip(self, why: str, setup: str = "") -> None:
+        self._done, self._before = True, None
+        self.outcome = Skipped(why, setup=setup)
+
+
+def _pythonic(logs: Any) -> dict:
+    return {key: value for key, value in dict(logs or {}).items()
+            if np.ndim(np.asarray(value)) == 0}
+
+
+def _draws_random_numbers(model: Any) -> bool:
+    return any(getattr(layer, "_seed_generators", None) for layer in model._flatten_layers())
+
+
+def random_layers(model: Any) -> list[str]:
+    """The model's layers that draw random numbers while training (Dropout, noise,
+    augmentation), by class, once each."""
+    found = []
+    for layer in model._flatten_layers(include_self=False):
+        name = type(layer).__name__
+        if getattr(layer, "_seed_generators", None) and name not in found:
+            found.append(name)
+    return found
+
+
+def per_replica_norms(model: Any) -> list[str]:
+    """Trainable BatchNormalization layers that normalize each replica's share on its own."""
+    return [layer.name for layer in model._flatten_layers(include_self=False)
+            if isinstance(layer, keras.layers.BatchNormalization) and layer.trainable
+            and not getattr(layer, "synchronized", False)]
