@@ -95,7 +95,8 @@ class TpuMagics(Magics, Configurable):
 
         from tpu_magic.connecting.check import run_check
         from tpu_magic.connecting.connect import connect
-        from tpu_magic.notebook.quiet import quiet_native_logs, tensorflow_info_silenced
+        from tpu_magic.notebook.quiet import (native_load_notes_dropped, quiet_native_logs,
+                                              tensorflow_info_silenced)
         from tpu_magic.core.session import session
 
         from tpu_magic.notebook.workspace import require_process_idle
@@ -107,7 +108,7 @@ class TpuMagics(Magics, Configurable):
         if args.hosts or layout:
             return self._connect_hosts(args.hosts, layout, args.timeout)
         quiet_native_logs()
-        with tensorflow_info_silenced():
+        with tensorflow_info_silenced(), native_load_notes_dropped():
             result = connect(
                 args.target, simulate=simulate, backend=args.backend,
                 compile_cache=args.compile_cache, timeout=self.timeout if args.timeout is None else args.timeout,
@@ -287,7 +288,8 @@ class TpuMagics(Magics, Configurable):
             model.fit(x_train, y_train, epochs=50)
         """
         from tpu_magic.connecting.connect import connect
-        from tpu_magic.notebook.quiet import quiet_native_logs, tensorflow_info_silenced
+        from tpu_magic.notebook.quiet import (native_load_notes_dropped, quiet_native_logs,
+                                              tensorflow_info_silenced)
         from tpu_magic.core.session import session
 
         __tracebackhide__ = True  # noqa: F841
@@ -318,7 +320,9 @@ class TpuMagics(Magics, Configurable):
         quiet_native_logs()
         with tensorflow_info_silenced():
             if session() is None:
-                print(connect("auto", timeout=self.timeout).summary())
+                with native_load_notes_dropped():
+                    connected = connect("auto", timeout=self.timeout)
+                print(connected.summary())
                 workspace.connected(session())
             from tpu_magic.training.cell import TrainingCell, TrainOptions
 

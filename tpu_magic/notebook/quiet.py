@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import re
+import sys
+import tempfile
 from typing import Iterator
 
 from tpu_magic.core import process
@@ -16,6 +20,53 @@ def quiet_native_logs() -> None:
     """
     process.set_environment("TF_CPP_MIN_LOG_LEVEL", "2", "TensorFlow's C++ logging reads it "
                             "once, when TensorFlow is imported", keep_users=True)
+
+
+# What TensorFlow's C++ side writes to the process's stderr as it loads, before absl reads
+# TF_CPP_MIN_LOG_LEVEL (TensorFlow 2.21 writes these whatever the level): the absl preamble
+# and info lines (I1124 12:00:00.000 ... or I0000 00:00:1795... port.cc:153] oneDNN ...).
+_LOAD_NOTES = re.compile(rb"^(WARNING: All log messages before absl::InitializeLog\(\) is called"
+                         rb"|I\d{4} \d\d:\d\d:[\d.]+ +\d+ [\w.]+:\d+\]).*$")
+
+
+def load_notes_dropped(text: bytes) -> bytes:
+    """`text` (native stderr) without TensorFlow's load-time info lines; every other line kept."""
+    return b"".join(line for line in text.splitlines(keepends=True)
+                    if not _LOAD_NOTES.match(line.rstrip(b"\r\n")))
+
+
+@contextlib.contextmanager
+def native_load_notes_dropped() -> Iterator[None]:
+    """For a connect (where the frameworks load): the process's stderr (file descriptor 2,
+    which Jupyter shows in the cell) goes to a temporary file, and comes back without
+    TensorFlow's load-time info lines at the end. Warnings and errors come back, in order;
+    Python's own `sys.stderr` is not touched."""
+    try:
+        saved = os.dup(2)
+    except OSError:  # no stderr descriptor (an embedded interpreter): nothing to filter
+        yield
+        return
+    with tempfile.TemporaryFile() as caught:
+        _flush_native_stderr()
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            _flush_native_stderr()
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            kept = load_notes_dropped(caught.read())
+            if kept:
+                os.write(2, kept)
+
+
+def _flush_native_stderr() -> None:
+    for stream in (sys.__stderr__, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, ValueError, OSError):
+            pass
 
 
 @contextlib.contextmanager

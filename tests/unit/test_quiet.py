@@ -1,0 +1,36 @@
+"""TensorFlow 2.21 writes its load-time notes (the absl preamble, the oneDNN line) to the
+process's stderr whatever TF_CPP_MIN_LOG_LEVEL says; a connect drops them and keeps the rest."""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from tpu_magic.notebook.quiet import load_notes_dropped
+
+PREAMBLE = b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
+ONEDNN = (b"I0000 00:00:1795528254.390807   30505 port.cc:153] oneDNN custom operations are on. "
+          b"You may see slightly different numerical results\n")
+
+
+def test_load_notes_are_dropped_and_every_other_line_kept_in_order():
+    warning = b"W1123 20:01:02.123456  1234 some_file.cc:12] a real warning\n"
+    text = PREAMBLE + ONEDNN + b"my own line, I0000 inside\n" + warning + b"E error\n"
+    assert load_notes_dropped(text) == b"my own line, I0000 inside\n" + warning + b"E error\n"
+    assert load_notes_dropped(b"") == b""
+
+
+def test_a_connect_window_drops_native_notes_and_gives_the_rest_back():
+    # A child process, so the test's own stderr descriptor is not redirected under pytest.
+    code = textwrap.dedent(f"""
+        import os
+        from tpu_magic.notebook.quiet import native_load_notes_dropped
+        with native_load_notes_dropped():
+            os.write(2, {PREAMBLE!r} + {ONEDNN!r} + b"kept while loading\\n")
+        os.write(2, b"after\\n")
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == b"kept while loading\nafter\n"
