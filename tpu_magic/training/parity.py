@@ -143,9 +143,10 @@ def real_rows(batch: Any) -> tuple[Any, bool]:
 
 def compare(before: StepState, after: StepState, theirs: StepState, logs: dict,
             their_logs: dict, steps: int, tolerance: float, seconds: float,
-            likely: Callable[[bool, float | None], str], setup: str = "") -> Parity:
+            likely: Callable[[bool, float | None, bool], str], setup: str = "",
+            padded: bool = False) -> Parity:
     """The distributed run (`after`, `logs`) against one device's (`theirs`, `their_logs`),
-    both from `before`. `likely(loss_differs, update_ratio)` names a cause."""
+    both from `before`. `likely(loss_differs, update_ratio, padded)` names a cause."""
     shared = [key for key in their_logs if key in logs]
     numbers = tuple((key, _number(logs[key]), _number(their_logs[key])) for key in shared)
     # Sizes, not the vectors: Adam's first step divides each gradient by its own size, so
@@ -163,7 +164,7 @@ def compare(before: StepState, after: StepState, theirs: StepState, logs: dict,
     loss_differs = any(relative(a, b) > tolerance for key, a, b in numbers)
     ratio = size[0] / size[1] if size[1] > 0 else None
     return Parity(steps, numbers, size, difference, state, tolerance, seconds,
-                  likely(loss_differs, ratio), setup)
+                  likely(loss_differs, ratio, padded), setup)
 
 
 def _number(value: Any) -> float:
@@ -178,7 +179,7 @@ def _size(update: np.ndarray) -> float:
 
 
 def likely_cause(replicas: int, per_replica_norms: list[str], batch_losses: list[str],
-                 own_step: bool) -> Callable[[bool, float | None], str]:
+                 own_step: bool) -> Callable[[bool, float | None, bool], str]:
     """Names the likely cause of a difference, from what the model is made of.
 
     Args:
@@ -188,7 +189,11 @@ def likely_cause(replicas: int, per_replica_norms: list[str], batch_losses: list
         batch_losses: losses that reduce the batch to one number themselves.
         own_step: the model trains with its own `train_step`.
     """
-    def likely(loss_differs: bool, update_ratio: float | None) -> str:
+    def likely(loss_differs: bool, update_ratio: float | None, padded: bool) -> str:
+        if padded:
+            return ("padding: the first batch was padded to split over the replicas, and the "
+                    "padded rows reached the loss or a layer that mixes a batch's rows "
+                    "(BatchNormalization's statistics, a sum over the batch)")
         if per_replica_norms:
             return (f"per-replica state: {', '.join(per_replica_norms[:3])} normalize each "
                     f"replica's 1/{replicas} of the batch with its own statistics; "
@@ -260,7 +265,7 @@ class FirstStep(keras.callbacks.Callback):
         reference: runs `k` batches on one device from a `StepState`, returning (its logs,
             its `StepState`): the backend's `one_device_steps`.
         tolerance: the relative difference allowed.
-        likely: names a cause (see `likely_cause`).
+        likely: names a cause (see `likely_cause`): (loss differs, update ratio, padded).
         random_draws: where the replicas would draw random numbers one device does not
             (Dropout on TensorFlow replicas): the check is skipped, saying so.
         where: the devices the model trains on, for `setup_key`.
@@ -272,7 +277,7 @@ class FirstStep(keras.callbacks.Callback):
     def __init__(self, state: Callable[[Any], StepState],
                  first_batches: Callable[[int], list | None] | None,
                  reference: Callable[[Any, StepState, list], tuple[dict, StepState]],
-                 tolerance: float, likely: Callable[[bool, float | None], str],
+                 tolerance: float, likely: Callable[[bool, float | None, bool], str],
                  random_draws: str | None = None, where: str = "",
                  agreed: frozenset = frozenset()):
         super().__init__()
@@ -329,7 +334,7 @@ class FirstStep(keras.callbacks.Callback):
         seconds = self._copy_seconds + time.perf_counter() - start
         self.outcome = compare(self._before, after, theirs, _pythonic(logs),
                                _pythonic(their_logs), steps, self._tolerance, seconds,
-                               self._likely, setup)
+                               self._likely, setup, any(padded for _, padded in fed))
         self._before = None
 
     def _skip(self, why: str, setup: str = "") -> None:
