@@ -35,6 +35,7 @@ def test_jax_after_keras_started_on_tensorflow_says_to_restart(ip):
         ip.run_line_magic("tpu_connect", "--backend jax --simulate 8 --no-panel")
 
 
+@pytest.mark.timeout(1800)  # the whole JAX suite (about 8 minutes here), bounded by its own
 def test_the_jax_suite_passes_in_its_own_process(tmp_path):
     if importlib.util.find_spec("jax") is None:
         if os.environ.get("TPU_MAGIC_JAX") == "required":

@@ -460,10 +460,11 @@ class JaxBackend(Named):
                      class_weight: Any = None, steps: int | None = None,
                      keep: int = 1) -> tuple[Any, bool]:
         """Any batched input (tf.data, grain, KerasHub's own pipelines, a `PyDataset`, a
-        generator) read by Keras's own adapter, one batch for one (`jax_data.whole_batches`):
+        generator) read by Keras's own adapter, one batch for one (`keras_inputs.whole_batches`):
         short batches padded and masked where the model's loss takes the mask, else run as
         they are, whole on every device where the mesh's data rows do not divide them."""
-        from tpu_magic.backends.jax_data import data_rows, whole_batches
+        from tpu_magic.backends.jax_data import data_rows
+        from tpu_magic.backends.keras_inputs import whole_batches
 
         rows = data_rows(strategy)
         return whole_batches(data, rows, masked, shuffle=shuffle, class_weight=class_weight,
@@ -597,6 +598,27 @@ class JaxBackend(Named):
                                   for h, a in zip(host, arrays))
                             for host, arrays in zip(before.groups, state)))
         return {key: float(np.asarray(value)) for key, value in logs.items()}, after
+
+    def step_logs(self, model: Any, logs: dict) -> dict:
+        return dict(logs or {})  # a step sees the global batch: its logs are the batch's
+
+    def distributed_inference(self, model: Any, batch: Any) -> None:
+        return None  # a step sees the global batch and draws as one device: it is compared
+
+    def one_device_inference(self, model: Any, batch: Any,
+                             one_device_copy: Callable[[], Any]) -> dict:
+        import keras
+
+        distribution = keras.distribution.distribution()
+        keras.distribution.set_distribution(None)
+        try:
+            copy = one_device_copy()
+            copy.set_weights([np.asarray(w) for w in model.get_weights()])
+            x, y, weight = keras.utils.unpack_x_y_sample_weight(batch)
+            logs = copy.test_on_batch(x, y, weight, return_dict=True)
+        finally:
+            keras.distribution.set_distribution(distribution)
+        return {key: float(np.asarray(value)) for key, value in logs.items()}
 
     def shard_rows(self, model: Any) -> list[VariableShard]:
         rows = []

@@ -173,6 +173,21 @@ class Backend(Protocol):
         copy of the model outside every strategy, for a backend whose variables cannot leave
         theirs (TensorFlow's)."""
 
+    def step_logs(self, model: Any, logs: dict) -> dict:
+        """The metrics over the whole batch after a step (a callback's `logs` may hold one
+        replica's own, as on TensorFlow replicas)."""
+
+    def distributed_inference(self, model: Any, batch: Any) -> "dict | None":
+        """`batch`'s logs in inference mode (random layers off) as the model's replicas
+        compute them, leaving its metrics as they were: the parity check of a model whose
+        replicas draw their own random numbers (None: this backend's training step is
+        compared instead, or the batch does not split)."""
+
+    def one_device_inference(self, model: Any, batch: Any,
+                             one_device_copy: Callable[[], Any]) -> dict:
+        """`batch`'s logs in inference mode on one device, with plain Keras's code, from the
+        model's weights now."""
+
     def shard_rows(self, model: Any) -> list:
         """Each of the model's variables as a `core.layouts.VariableShard`: its layout on the
         mesh and its bytes on one device."""

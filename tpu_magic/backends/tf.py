@@ -203,11 +203,26 @@ class TensorFlowBackend(Named):
                      masked: bool = True, *, batch: int | None = None, shuffle: bool = False,
                      class_weight: Any = None, steps: int | None = None,
                      keep: int = 1) -> tuple[Any, bool]:
-        # tf.data only (Keras maps class weights into it itself); a grain dataset, a
-        # PyDataset or a generator goes to Keras's own adapter as it is.
-        if not hasattr(data, "element_spec") or class_weight:
+        """A tf.data dataset split per replica with its batches made whole (`tf_data`;
+        Keras maps class weights into one itself). A `PyDataset` read by Keras's own
+        adapter, one batch for one, as a tf.data dataset of whole batches Keras distributes
+        (`keras_inputs.whole_batches`): short batches padded and masked, or cut to a whole
+        number of rows per replica where the loss takes no mask (a replica cannot run an
+        uneven share). A generator or a grain dataset goes to Keras's own adapter as it is
+        (a one-shot generator lost batches to Keras's build-time peek through the wrapper)."""
+        import keras
+
+        if hasattr(data, "element_spec"):
+            if class_weight:
+                return data, False
+            return self._whole_dataset(data, batch, strategy, note, masked), False
+        from tpu_magic.backends.keras_inputs import whole_batches
+
+        replicas = getattr(strategy, "num_replicas_in_sync", 1)
+        if replicas < 2 or not isinstance(data, keras.utils.PyDataset):
             return data, False
-        return self._whole_dataset(data, batch, strategy, note, masked), False
+        return whole_batches(data, replicas, masked, shuffle=shuffle, class_weight=class_weight,
+                             steps=steps, keep=keep, cut=True), True
 
     def _whole_dataset(self, data: Any, batch: int | None, strategy: Any,
                        note: Callable[[str], None], masked: bool) -> Any:
@@ -332,14 +347,78 @@ class TensorFlowBackend(Named):
                 raise ValueError("the copy's optimizer does not hold the model's state")
             for variable, value in zip(copy.optimizer.variables, before.optimizer):
                 variable.assign(value)
-        logs: Any = {}
-        for batch in batches:
-            x, y, weight = keras.utils.unpack_x_y_sample_weight(batch)
-            logs = copy.train_on_batch(x, y, weight, return_dict=True)
+        # `fit` over exactly these batches, as Keras's own fit hands them to a step ((x, y)
+        # without a weight: a custom `train_step` may unpack two), and its epoch's logs
+        history = copy.fit(_replayed(batches), steps_per_epoch=len(batches), epochs=1,
+                           verbose=0)
+        logs = {key: values[-1] for key, values in history.history.items()}
         after = StepState(*(tuple(None if h is None else host_copy(v.value)
                                   for h, v in zip(host, group))
                             for host, group in zip(before.groups, _state_groups(copy))))
         return {key: float(np.asarray(value)) for key, value in logs.items()}, after
+
+    def step_logs(self, model: Any, logs: dict) -> dict:
+        # a batch-end `logs` holds replica 0's own metric values (Keras reduces a step's
+        # outputs by taking the first replica's); the metrics read here sum every replica's
+        with self.reading(model):
+            return dict(model.get_metrics_result())
+
+    def distributed_inference(self, model: Any, batch: Any) -> dict | None:
+        """`batch`'s logs in inference mode as the replicas compute them: each its own
+        contiguous 1/R of the rows (as the input pipelines split a batch), Keras's own
+        `test_step`, the loss tracker and metrics reduced over the replicas. The model's
+        metric states are put back as they were, per replica, so the epoch's logs are
+        untouched. None where the batch does not split evenly."""
+        tf = require_tensorflow()
+        strategy = model.distribute_strategy
+        replicas = strategy.num_replicas_in_sync
+        rows = len(np.asarray(_first_input(batch)))
+        if replicas < 2 or rows % replicas:
+            return None
+        share = rows // replicas
+        parts = tuple(part for part in _unpacked(batch) if part is not None)
+
+        def replica_rows(context: Any) -> Any:
+            first = context.replica_id_in_sync_group * share
+            return tf.nest.map_structure(lambda a: tf.constant(np.asarray(a)[first:first + share]),
+                                         parts)
+
+        values = strategy.experimental_distribute_values_from_function(replica_rows)
+        metric_variables = model.metrics_variables
+        saved = [[host_copy(part) for part in self.replica_values(v)] for v in metric_variables]
+        try:
+            with strategy.scope():
+                model.reset_metrics()
+
+                @tf.function
+                def distributed(values: Any) -> None:
+                    strategy.run(model.test_step, args=(values,))
+
+                distributed(values)
+                logs = model.get_metrics_result()
+        finally:
+            for variable, parts_saved in zip(metric_variables, saved):
+                for part, value in zip(self.replica_values(variable), parts_saved):
+                    part.assign(value)
+        return {key: float(np.asarray(value)) for key, value in logs.items()}
+
+    def one_device_inference(self, model: Any, batch: Any,
+                             one_device_copy: Callable[[], Any]) -> dict:
+        """`batch`'s logs in inference mode on one device: Keras's own `test_on_batch` of a
+        copy holding the model's weights now (built on a thread of its own: this one is
+        inside the cell's strategy)."""
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            return pool.submit(self._one_device_inference, model, batch,
+                               one_device_copy).result()
+
+    def _one_device_inference(self, model: Any, batch: Any,
+                              one_device_copy: Callable[[], Any]) -> dict:
+        copy = one_device_copy()
+        with self.reading(model):
+            for variable, live in zip(copy.weights, model.weights):
+                variable.assign(np.asarray(self.replica_values(live)[0]))
+        logs = copy.evaluate(_replayed([batch]), steps=1, return_dict=True, verbose=0)
+        return {key: float(np.asarray(value)) for key, value in logs.items()}
 
     def shard_rows(self, model: Any) -> list:
         return []
@@ -376,7 +455,15 @@ class TensorFlowBackend(Named):
         return None
 
     def place(self, model: Any, connection: Connection) -> list | None:
-        return None  # a variable belongs to the strategy it was made in
+        """Nothing moves: a variable belongs to the strategy it was made in. A model made
+        outside every strategy and not built yet (a subclassed model compiled in a plain
+        cell) is given this one, so that Keras builds it symbolically inside the strategy
+        before its first step, as it does a model made in the scope (otherwise it builds it
+        inside a replica's step, which TensorFlow cannot run: "You must feed a value for
+        placeholder tensor")."""
+        if not model.weights and getattr(model, "_distribute_strategy", None) is None:
+            model._distribute_strategy = connection.strategy
+        return None
 
     def built_for(self, model: Any, strategy: Any) -> bool:
         if not model.weights:
@@ -400,6 +487,27 @@ class TensorFlowBackend(Named):
                                "its own cell, not inside %%tpu_train")
         with tf.device("/cpu:0"):
             yield
+
+
+def _replayed(batches: list) -> Iterator[Any]:
+    """The batches again, each as Keras's `fit` packs one: (x, y) without a weight."""
+    import keras
+
+    for batch in batches:
+        yield keras.utils.pack_x_y_sample_weight(*_unpacked(batch))
+
+
+def _unpacked(batch: Any) -> tuple:
+    import keras
+
+    return keras.utils.unpack_x_y_sample_weight(batch)
+
+
+def _first_input(batch: Any) -> Any:
+    """A batch's first input array (its rows are the batch's)."""
+    import keras
+
+    return keras.tree.flatten(_unpacked(batch)[0])[0]
 
 
 def _said(exc: BaseException, limit: int = 160) -> str:

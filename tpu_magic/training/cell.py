@@ -33,7 +33,7 @@ from tpu_magic.training.rewrap import (built_for, built_outside, compile_again,
                                       custom_objects_from, made_outside,
                                       rewrap_namespace)
 from tpu_magic.training.stopping import StopOnEvent, stop_on_interrupt
-from tpu_magic.training.sync import cpu_copy
+from tpu_magic.training.sync import compiled_like, cpu_copy
 
 
 # Its steps are not `strategy.run` calls, and its optimizer would update replicated variables
@@ -310,12 +310,21 @@ class TrainingCell:
         def reference(m: Any, before: Any, batches: list) -> Any:
             with exactness.suspended(m):
                 return backend.one_device_steps(m, before, batches,
-                                                lambda: cpu_copy(m, objects, backend))
+                                                lambda: compiled_like(cpu_copy(m, objects, backend), m))
+
+        def inference(m: Any, fed: Any, real: Any) -> Any:
+            ours = backend.distributed_inference(m, fed)
+            if ours is None:
+                return None
+            with exactness.suspended(m):
+                return ours, backend.one_device_inference(m, real,
+                                                          lambda: compiled_like(cpu_copy(m, objects, backend), m))
 
         where = f"{connection.strategy_name} {connection.replicas} {self.mesh} {connection.target}"
         return parity.FirstStep(backend.step_state, self.inputs.first_batches, reference,
                                 parity.LOW_PRECISION_TOLERANCE if low else parity.TOLERANCE,
-                                likely, draws, where, self.agreed)
+                                likely, draws, where, self.agreed, inference,
+                                backend.step_logs)
 
     # -- the three methods -----------------------------------------------------------------
 

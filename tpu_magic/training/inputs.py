@@ -16,6 +16,7 @@ from typing import Any, Callable
 import keras
 import numpy as np
 
+from tpu_magic.backends.keras_inputs import drawn_alike
 from tpu_magic.core import arrays
 from tpu_magic.core.batching import BatchPlan
 from tpu_magic.core.errors import InputError
@@ -93,7 +94,8 @@ class Inputs:
                 call["class_weight"] = None
             batch = batch or given_batch_size(call["x"])
             self.first_batches = getattr(call["x"], "first", None)
-            self.measurable = call["x"] if hasattr(call["x"], "read_seconds") else None
+            self.measurable = (call["x"] if hasattr(call["x"], "read_seconds")
+                               or drawn_alike(x) else None)
         else:
             self.first_batches = self.measurable = None
         self._validation(model, call, plan)

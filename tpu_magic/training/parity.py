@@ -42,7 +42,7 @@ class Parity:
         steps: steps compared (the first execution: `steps_per_execution` of them).
         logs: (key, distributed, one device) for every number both logged.
         update: the size (L2 norm) of the trainable variables' update, distributed and on one
-            device.
+            device (None for an inference-mode comparison).
         update_difference: the relative difference of the two updates' sizes.
         state_difference: the same for the non-trainable variables that moved (BatchNorm
             statistics), None where none moved.
@@ -54,19 +54,21 @@ class Parity:
 
     steps: int
     logs: tuple[tuple[str, float, float], ...]
-    update: tuple[float, float]
-    update_difference: float
+    update: tuple[float, float] | None
+    update_difference: float | None
     state_difference: float | None
     tolerance: float
     seconds: float
     likely: str | None = None
     setup: str = ""  # what was compared (`setup_key`): the same setup need not be again
+    inference: bool = False  # the first batch's logs in inference mode, not a training step
 
     @property
     def differences(self) -> list[tuple[str, float]]:
         """Every compared number and its relative difference, largest first."""
         found = [(key, relative(ours, theirs)) for key, ours, theirs in self.logs]
-        found.append(("update", self.update_difference))
+        if self.update_difference is not None:
+            found.append(("update", self.update_difference))
         if self.state_difference is not None:
             found.append(("non-trainable state", self.state_difference))
         return sorted(found, key=lambda item: -item[1])
@@ -77,15 +79,21 @@ class Parity:
 
     def _numbers(self) -> str:
         shown = [f"{key} {ours:.6g} vs {theirs:.6g}" for key, ours, theirs in self.logs[:3]]
-        shown.append(f"update size {self.update[0]:.6g} vs {self.update[1]:.6g}")
+        if self.update is not None:
+            shown.append(f"update size {self.update[0]:.6g} vs {self.update[1]:.6g}")
         return ", ".join(shown)
+
+    def _what(self) -> str:
+        if self.inference:
+            return ("first batch in inference mode (random layers off: each replica draws "
+                    "its own while training)")
+        return f"first {self.steps} steps" if self.steps > 1 else "first step"
 
     def line(self) -> str:
         """One line for the report."""
-        steps = f"{self.steps} steps" if self.steps > 1 else "step"
         verdict = ("the same as on one device" if self.agrees else
                    "DIFFERS from one device")
-        return (f"first {steps} {verdict} (distributed vs one device: {self._numbers()}; "
+        return (f"{self._what()} {verdict} (distributed vs one device: {self._numbers()}; "
                 f"checked in {self.seconds:.2f} s)")
 
     def warning(self) -> str | None:
@@ -93,7 +101,10 @@ class Parity:
         if self.agrees:
             return None
         key, difference = self.differences[0]
-        return (f"the first distributed step differs from the same step on one device "
+        what = ("the first batch's logs in inference mode differ from one device's"
+                if self.inference else
+                "the first distributed step differs from the same step on one device")
+        return (f"{what} "
                 f"({key} off by {difference:.2g} relative, over {self.tolerance:g}): "
                 f"{self._numbers()}. Likely cause: {self.likely or 'not known'}. This cell's "
                 "numbers will not be plain Keras's on one device.")
@@ -164,7 +175,30 @@ def compare(before: StepState, after: StepState, theirs: StepState, logs: dict,
     loss_differs = any(relative(a, b) > tolerance for key, a, b in numbers)
     ratio = size[0] / size[1] if size[1] > 0 else None
     return Parity(steps, numbers, size, difference, state, tolerance, seconds,
-                  likely(loss_differs, ratio, padded), setup)
+                  likely(loss_differs, ratio, padded, loss_ratio=_loss_ratio(numbers)), setup)
+
+
+def _loss_ratio(numbers: tuple[tuple[str, float, float], ...]) -> float | None:
+    """The distributed loss over one device's (None where either is missing or zero)."""
+    for key, ours, theirs in numbers:
+        if key == "loss" and theirs and math.isfinite(ours) and math.isfinite(theirs):
+            return ours / theirs
+    return None
+
+
+def compare_inference(logs: dict, their_logs: dict, tolerance: float, seconds: float,
+                      likely: Callable[[bool, float | None, bool], str], setup: str = "",
+                      padded: bool = False) -> Parity:
+    """The first batch's logs in inference mode, distributed against one device's."""
+    shared = [key for key in their_logs if key in logs]
+    numbers = tuple((key, _number(logs[key]), _number(their_logs[key])) for key in shared)
+    parity = Parity(1, numbers, None, None, None, tolerance, seconds, setup=setup,
+                    inference=True)
+    if parity.agrees:
+        return parity
+    return Parity(1, numbers, None, None, None, tolerance, seconds,
+                  likely(True, None, padded, loss_ratio=_loss_ratio(numbers)), setup,
+                  inference=True)
 
 
 def _number(value: Any) -> float:
@@ -179,7 +213,7 @@ def _size(update: np.ndarray) -> float:
 
 
 def likely_cause(replicas: int, per_replica_norms: list[str], batch_losses: list[str],
-                 own_step: bool) -> Callable[[bool, float | None, bool], str]:
+                 own_step: bool) -> Callable[..., str]:
     """Names the likely cause of a difference, from what the model is made of.
 
     Args:
@@ -189,18 +223,26 @@ def likely_cause(replicas: int, per_replica_norms: list[str], batch_losses: list
         batch_losses: losses that reduce the batch to one number themselves.
         own_step: the model trains with its own `train_step`.
     """
-    def likely(loss_differs: bool, update_ratio: float | None, padded: bool) -> str:
+    def likely(loss_differs: bool, update_ratio: float | None, padded: bool,
+               inference: bool = False, loss_ratio: float | None = None) -> str:
+        def near_replicas(ratio: float | None) -> bool:
+            return bool(ratio) and any(abs(ratio - r) / r < 0.05
+                                       for r in (replicas, 1 / replicas))
+
         if padded:
             return ("padding: the first batch was padded to split over the replicas, and the "
                     "padded rows reached the loss or a layer that mixes a batch's rows "
                     "(BatchNormalization's statistics, a sum over the batch)")
-        if per_replica_norms:
+        if per_replica_norms and not inference:  # inference normalizes by moving statistics
             return (f"per-replica state: {', '.join(per_replica_norms[:3])} normalize each "
                     f"replica's 1/{replicas} of the batch with its own statistics; "
                     "`BatchNormalization(synchronized=True)` normalizes the whole batch, as "
                     "one device does")
-        if update_ratio and not loss_differs and any(
-                abs(update_ratio - r) / r < 0.05 for r in (replicas, 1 / replicas)):
+        if near_replicas(loss_ratio):
+            return (f"loss scaling: the logged loss is {loss_ratio:.3g}x one device's, about "
+                    f"the {replicas} replicas: the loss is divided or summed over the "
+                    "replicas once too often (a custom train_step's own loss object?)")
+        if not loss_differs and near_replicas(update_ratio):
             return (f"loss scaling: the update is {update_ratio:.3g}x one device's, about the "
                     f"{replicas} replicas: the loss or its gradient is summed or averaged over "
                     "the replicas once too often (a custom train_step's own reduction?)")
@@ -209,6 +251,10 @@ def likely_cause(replicas: int, per_replica_norms: list[str], batch_losses: list
             return (f"a loss over the whole batch: {what} is computed on each replica's "
                     f"1/{replicas} of the batch (in-batch negatives, a batch mean or "
                     "statistic), not on the whole batch as on one device")
+        if loss_differs:  # nothing else split the batch: something computed over it did
+            return (f"a loss or layer over the whole batch: something in the model or its loss "
+                    f"combines the batch's rows (in-batch negatives, a batch mean or "
+                    f"statistic), and each replica has only its 1/{replicas} of them")
         return "not one tpu_magic knows: please report it with the cell"
     return likely
 
@@ -261,13 +307,20 @@ class FirstStep(keras.callbacks.Callback):
 
     Args:
         state: reads the model's `StepState` (the backend's `step_state`).
+        step_logs: the metrics over the whole batch after a step, from the model and a
+            callback's logs (the backend's `step_logs`).
         first_batches: the first `k` batches of the epoch as fed (None: cannot be known).
         reference: runs `k` batches on one device from a `StepState`, returning (its logs,
             its `StepState`): the backend's `one_device_steps`.
         tolerance: the relative difference allowed.
         likely: names a cause (see `likely_cause`): (loss differs, update ratio, padded).
         random_draws: where the replicas would draw random numbers one device does not
-            (Dropout on TensorFlow replicas): the check is skipped, saying so.
+            (Dropout on TensorFlow replicas): the training step cannot be compared, so the
+            first batch is compared in inference mode (`inference`), or the check is skipped,
+            saying so.
+        inference: (model, the first batch as fed, its real rows) -> (the distributed logs,
+            one device's) in inference mode, None where it cannot tell (the backend's
+            `distributed_inference` and `one_device_inference`).
         where: the devices the model trains on, for `setup_key`.
         agreed: setups compared earlier in this notebook that agreed: not compared again.
 
@@ -277,10 +330,13 @@ class FirstStep(keras.callbacks.Callback):
     def __init__(self, state: Callable[[Any], StepState],
                  first_batches: Callable[[int], list | None] | None,
                  reference: Callable[[Any, StepState, list], tuple[dict, StepState]],
-                 tolerance: float, likely: Callable[[bool, float | None, bool], str],
+                 tolerance: float, likely: Callable[..., str],
                  random_draws: str | None = None, where: str = "",
-                 agreed: frozenset = frozenset()):
+                 agreed: frozenset = frozenset(),
+                 inference: Callable[[Any, Any, Any], tuple[dict, dict] | None] | None = None,
+                 step_logs: Callable[[Any, dict], dict] = lambda model, logs: dict(logs or {})):
         super().__init__()
+        self._inference, self._step_logs = inference, step_logs
         self._state, self._first_batches, self._reference = state, first_batches, reference
         self._tolerance, self._likely, self._random_draws = tolerance, likely, random_draws
         self._where, self._agreed = where, agreed
@@ -291,12 +347,15 @@ class FirstStep(keras.callbacks.Callback):
     def on_train_batch_begin(self, batch, logs=None):
         if self._done or self._before is not None:
             return
-        if self._random_draws:
+        if self._random_draws and self._inference is None:
             self._skip(self._random_draws)
             return
         if self._first_batches is None:
             self._skip("its input's first batch cannot be read again without changing what "
                        "Keras reads")
+            return
+        if self._random_draws:  # compared after the step, in inference mode
+            self._before = _INFERENCE
             return
         start = time.perf_counter()
         self._before = self._state(self.model)
@@ -306,6 +365,9 @@ class FirstStep(keras.callbacks.Callback):
         if self._done or self._before is None:
             return
         self._done = True
+        if self._before is _INFERENCE:
+            self._compare_inference()
+            return
         start = time.perf_counter()
         steps = batch + 1
         batches = self._first_batches(steps)
@@ -324,6 +386,10 @@ class FirstStep(keras.callbacks.Callback):
                        "which a batch of another size draws differently")
             return
         after = self._state(self.model)
+        if [len(g) for g in after.groups[:3]] != [len(g) for g in self._before.groups[:3]]:
+            self._skip("it was built inside its first step, so there was no state before it "
+                       "to start one device from")
+            return
         try:
             their_logs, theirs = self._reference(self.model, self._before, [b for b, _ in fed])
         except Exception as exc:  # noqa: BLE001 - the check must never break the cell
@@ -332,14 +398,50 @@ class FirstStep(keras.callbacks.Callback):
                        f"{text[0] if text else ''})")
             return
         seconds = self._copy_seconds + time.perf_counter() - start
-        self.outcome = compare(self._before, after, theirs, _pythonic(logs),
+        self.outcome = compare(self._before, after, theirs,
+                               _pythonic(self._step_logs(self.model, logs)),
                                _pythonic(their_logs), steps, self._tolerance, seconds,
                                self._likely, setup, any(padded for _, padded in fed))
         self._before = None
 
+    def _compare_inference(self) -> None:
+        """The first batch's logs in inference mode, from the weights after the step, on the
+        replicas and on one device: a loss over the batch or padding shows here too."""
+        start = time.perf_counter()
+        self._before = None
+        batches = self._first_batches(1)
+        if not batches:
+            self._skip("its first batch was not kept")
+            return
+        setup = setup_key(self.model, batches[:1], self._where + " inference")
+        if setup in self._agreed:
+            self._skip("the same model, batch and devices agreed with one device earlier "
+                       "in this notebook", setup)
+            return
+        real, padded = real_rows(batches[0])
+        try:
+            compared = self._inference(self.model, batches[0], real)
+        except Exception as exc:  # noqa: BLE001 - the check must never break the cell
+            text = str(exc).strip().splitlines()
+            self._skip(f"{self._random_draws}, and its first batch could not be compared in "
+                       f"inference mode ({type(exc).__name__}: {text[0] if text else ''})")
+            return
+        if compared is None:
+            self._skip(self._random_draws)
+            return
+        ours, theirs = compared
+        self.outcome = compare_inference(_pythonic(ours), _pythonic(theirs), self._tolerance,
+                                         time.perf_counter() - start,
+                                         lambda *a, **k: self._likely(*a, inference=True, **k),
+                                         setup,
+                                         padded)
+
     def _skip(self, why: str, setup: str = "") -> None:
         self._done, self._before = True, None
         self.outcome = Skipped(why, setup=setup)
+
+
+_INFERENCE = object()  # `_before` where the first batch is compared in inference mode
 
 
 def _pythonic(logs: Any) -> dict:

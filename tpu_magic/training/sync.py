@@ -170,6 +170,27 @@ def cpu_copy(model: Any, custom_objects: Mapping[str, Any], backend: Any,
         return new
 
 
+def compiled_like(copy: Any, model: Any) -> Any:
+    """`copy` compiled as `model` is, where its compile config could not be rebuilt (a loss
+    class of the notebook's whose config its constructor does not take): the model's own
+    loss objects (stateless) and a new optimizer from its optimizer's config; metrics from
+    the config where they rebuild, else none (the loss is still compared)."""
+    if copy.compiled or not model.compiled or getattr(model, "optimizer", None) is None:
+        return copy
+    optimizer = model.optimizer
+    fresh = type(optimizer).from_config(optimizer.get_config())
+    metrics: dict = {}
+    try:
+        config = keras.saving.deserialize_keras_object(model.get_compile_config())
+        metrics = {k: config[k] for k in ("metrics", "weighted_metrics") if config.get(k)}
+    except Exception:  # noqa: BLE001 - the loss alone is compared then
+        pass
+    compiled_loss = getattr(model, "_compile_loss", None)
+    copy.compile(optimizer=fresh, loss=model.loss,
+                 loss_weights=getattr(compiled_loss, "_user_loss_weights", None), **metrics)
+    return copy
+
+
 def _same_lora(model: Any, new: Any) -> None:
     """LoRA enabled on the copy's layers where the model has it, and the same layers frozen: a
     config need not say so (KerasHub's backbones rebuild without their adapters)."""

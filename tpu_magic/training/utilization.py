@@ -80,7 +80,7 @@ def _tflops(value: float) -> str:
 def input_need(dataset: Any, step_seconds: float | None) -> tuple[float, str, bool] | None:
     """The share of a step's time the input alone needs for a batch, how that was measured,
     and whether it makes the run input-bound; None without a step time, or for an input
-    that neither timed its own reads (a user's, read through `jax_data.whole_batches`) nor
+    that neither timed its own reads (a user's, read through `keras_inputs.whole_batches`) nor
     can be drawn again without changing what the next pass reads (tpu_magic's own
     pipelines of NumPy arrays can)."""
     if not step_seconds:

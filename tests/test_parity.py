@@ -1,0 +1,169 @@
+"""The first-step parity check on TensorFlow replicas (MirroredStrategy over 8 logical CPUs):
+three kinds of silent difference caught, named and left alone, and silence on the paths
+that are exact. The JAX side is in jax_backend/test_as_plain_keras.py."""
+
+import pytest
+from cells import train
+
+from tpu_magic.training import parity as parity_module
+
+ROWS = """
+import numpy as np, keras, tensorflow as tf
+x = np.random.RandomState(0).rand(256, 8).astype("float32")
+y = np.random.RandomState(1).randint(0, 4, 256)
+"""
+
+# keras-io examples/vision/supervised-contrastive-learning.py, in Keras 3 ops: each row's
+# negatives are the rest of the batch, so the loss of 1/8 of a batch is another number.
+CONTRASTIVE = """
+class SupervisedContrastiveLoss(keras.losses.Loss):
+    def __init__(self, temperature=0.5, name=None):
+        super().__init__(name=name)
+        self.temperature = temperature
+
+    def __call__(self, labels, feature_vectors, sample_weight=None):
+        features = keras.ops.normalize(feature_vectors, axis=1)
+        logits = keras.ops.matmul(features, keras.ops.transpose(features)) / self.temperature
+        labels = keras.ops.reshape(labels, (-1, 1))
+        same = keras.ops.cast(keras.ops.equal(labels, keras.ops.transpose(labels)), "float32")
+        targets = same / keras.ops.sum(same, axis=1, keepdims=True)
+        return keras.ops.mean(keras.losses.categorical_crossentropy(targets, logits,
+                                                                   from_logits=True))
+"""
+
+
+def _warned(ip, cell, capsys, what="the first distributed step differs"):
+    report = train(ip, cell)
+    out = capsys.readouterr().out
+    assert report.parity is not None and not report.parity.agrees, report.parity
+    assert f"warning: {what}" in out, out
+    return report.parity
+
+
+def test_a_batch_level_loss_with_augmentation_is_caught_in_inference_mode(sim8, capsys):
+    # The keras-io example's shape: augmentation (random numbers each replica draws on its
+    # own, so the training step cannot be compared), an encoder, a projection head.
+    parity = _warned(sim8, ROWS + CONTRASTIVE + """
+inputs = keras.Input((8,))
+noisy = keras.layers.GaussianNoise(0.1)(inputs)
+features = keras.layers.Dense(16, activation="relu")(noisy)
+model = keras.Model(inputs, keras.layers.Dense(8)(features))
+model.compile(keras.optimizers.Adam(0.001), loss=SupervisedContrastiveLoss())
+model.fit(x, y, batch_size=64, epochs=1, verbose=0)
+""", capsys, "the first batch's logs in inference mode differ from one device's")
+    assert parity.inference and parity.update is None
+    assert parity.likely.startswith("a loss"), parity.likely
+    loss = dict((key, (ours, theirs)) for key, ours, theirs in parity.logs)["loss"]
+    assert loss[0] != pytest.approx(loss[1], rel=1e-3)
+    assert "first batch in inference mode (random layers off" in parity.line()
+
+
+def test_a_batch_level_loss_is_caught_in_the_training_step(sim8, capsys):
+    parity = _warned(sim8, ROWS + CONTRASTIVE + """
+inputs = keras.Input((8,))
+model = keras.Model(inputs, keras.layers.Dense(8)(keras.layers.Dense(16, activation="relu")(inputs)))
+model.compile(keras.optimizers.SGD(0.1), loss=SupervisedContrastiveLoss())
+model.fit(x, y, batch_size=64, epochs=1, verbose=0)
+""", capsys)
+    assert not parity.inference
+    assert parity.likely.startswith("a loss"), parity.likely
+
+
+def test_per_replica_batchnorm_statistics_are_caught(sim8, capsys):
+    parity = _warned(sim8, ROWS + """
+model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16),
+                          keras.layers.BatchNormalization(name="bn"), keras.layers.Dense(4)])
+model.compile(keras.optimizers.SGD(0.1),
+              keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+model.fit(x, y, batch_size=64, epochs=1, verbose=0)
+""", capsys)
+    assert parity.likely.startswith("per-replica state: bn"), parity.likely
+
+
+CUSTOM_STEP = """
+class CustomModel(keras.Model):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.tracker = keras.metrics.Mean(name="loss")
+        self.loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = self.loss_fn(y, self(x, training=True))
+        gradients = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply(gradients, self.trainable_variables)
+        self.tracker.update_state(loss)
+        return {"loss": self.tracker.result()}
+
+    @property
+    def metrics(self):
+        return [self.tracker]
+
+inputs = keras.Input((8,))
+model = CustomModel(inputs, keras.layers.Dense(4)(inputs))
+model.compile(keras.optimizers.SGD(0.1))
+model.fit(x, y, batch_size=64, epochs=1, verbose=0)
+"""
+
+
+def test_a_custom_steps_loss_scaled_by_the_replicas_is_caught_with_the_fix_off(
+        sim8, capsys, monkeypatch):
+    # Keras on TensorFlow divides a Loss object's result by the replicas inside a replica;
+    # tpu_magic's `replica_steps` undoes it. With it switched off, the check sees 1/8.
+    import contextlib
+
+    from tpu_magic.backends.tf import TensorFlowBackend
+
+    monkeypatch.setattr(TensorFlowBackend, "replica_steps",
+                        lambda self, model, connection: contextlib.nullcontext())
+    parity = _warned(sim8, ROWS + CUSTOM_STEP, capsys)
+    assert parity.likely.startswith("loss scaling: the logged loss is 0.125x"), parity.likely
+
+
+def test_silent_on_the_exact_paths(sim8, capsys):
+    for cell in [
+        CUSTOM_STEP,  # the custom step with tpu_magic's replica fix on
+        # a padded first batch (12 rows on 8 replicas, batch 16) with a sample weight
+        """
+model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                          keras.layers.Dense(4, activation="softmax")])
+model.compile(keras.optimizers.Adam(0.01), "sparse_categorical_crossentropy",
+              weighted_metrics=["accuracy"])
+model.fit(x[:12], y[:12], sample_weight=np.linspace(0.5, 2, 12), batch_size=16, verbose=0)
+""",
+        # Dropout (random draws: compared in inference mode) and synchronized BatchNorm
+        """
+model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16),
+                          keras.layers.BatchNormalization(synchronized=True),
+                          keras.layers.Dropout(0.3), keras.layers.Dense(4)])
+model.compile(keras.optimizers.SGD(0.1),
+              keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+history = model.fit(x, y, batch_size=64, epochs=2, verbose=0)
+""",
+    ]:
+        report = train(sim8, ROWS + cell)
+        out = capsys.readouterr().out
+        assert isinstance(report.parity, parity_module.Parity), report.parity
+        assert report.parity.agrees, report.parity.warning()
+        assert "differ" not in out.replace("different ones each epoch", ""), out
+
+
+def test_the_inference_comparison_leaves_the_epochs_logs_alone(sim8):
+    # Its metrics are put back per replica: the logged epoch is the one --verify off logs.
+    cell = ROWS + """
+keras.utils.set_random_seed(5)
+model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                          keras.layers.Dropout(0.2), keras.layers.Dense(4)])
+model.compile(keras.optimizers.SGD(0.1),
+              keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+history = model.fit(x, y, batch_size=64, epochs=1, verbose=0)
+"""
+    checked = train(sim8, cell, "--no-progress --verify on")
+    assert checked.parity.inference
+    with_check = dict(sim8.user_ns["history"].history)
+    train(sim8, cell, "--no-progress --verify off")
+    without = sim8.user_ns["history"].history
+    assert sorted(without) == sorted(with_check)
+    for key, values in with_check.items():
+        assert without[key] == pytest.approx(values, rel=1e-6), key
