@@ -323,3 +323,25 @@ def test_the_same_setup_is_compared_once_a_notebook(ip):
     train(ip, cell + "\nseen = 1")
     again = train(ip, cell)
     assert "agreed with one device earlier in this notebook" in again.parity.line()
+
+
+def test_the_check_compares_a_lora_models_update(ip):
+    # KerasHub's enable_lora freezes the backbone's blocks and keeps their LoRA layers
+    # trainable: the adapters' update is compared, not read as frozen (it was: size 0 vs 0).
+    report = train(ip, """
+import keras_hub
+rs = np.random.RandomState(0)
+ids = rs.randint(1, 2048, (32, 17))
+x = {"token_ids": ids[:, :-1], "padding_mask": np.ones((32, 16), bool)}
+y = ids[:, 1:]
+backbone = keras_hub.models.GemmaBackbone(vocabulary_size=2048, num_layers=2,
+    num_query_heads=4, num_key_value_heads=1, hidden_dim=32, intermediate_dim=64, head_dim=8)
+lm = keras_hub.models.GemmaCausalLM(backbone=backbone, preprocessor=None)
+backbone.enable_lora(rank=4)
+lm.compile(optimizer=keras.optimizers.Adam(1e-3),
+           loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+lm.fit(x, y, batch_size=8, epochs=1, verbose=0)
+""", "--no-progress --verify on")
+    parity = report.parity
+    assert parity.agrees, parity.warning()
+    assert parity.update[0] > 0 and parity.update[0] == pytest.approx(parity.update[1], rel=1e-4)

@@ -59,5 +59,8 @@ def state_groups(model: Any) -> tuple[list, list, list, list]:
 def frozen_variables(model: Any) -> set[int]:
     """The floating-point variables of frozen layers (`trainable = False`), by id: no step
     changes them, so the parity check reads them from the model instead of copying them."""
+    # what Keras trains is never frozen: a layer set trainable again inside a frozen one (a
+    # KerasHub backbone after enable_lora: its blocks frozen, their LoRA layers not)
+    trained = {id(v) for v in model.trainable_variables}
     return {id(v) for layer in model._flatten_layers() if not layer.trainable
-            for v in layer.variables if is_float(v.dtype)}
+            for v in layer.variables if is_float(v.dtype) and id(v) not in trained}
