@@ -36,3 +36,19 @@ y = digits.target.astype("int32")
 images = np.repeat(np.repeat(digits.images[..., None] / 16.0, 2, 1), 2, 2).astype("float32")
 """)
     return shell
+
+
+SHARED_DATA = ("digits", "x", "y", "images")
+
+
+@pytest.fixture(autouse=True)
+def shared_data_kept(request):
+    """Each test may write its own `x` and `y` into the shared shell, as a notebook does; the
+    next test still finds the digits the session's shell started with."""
+    if "ip" not in request.fixturenames:
+        yield
+        return
+    shell = request.getfixturevalue("ip")
+    kept = {name: shell.user_ns[name] for name in SHARED_DATA if name in shell.user_ns}
+    yield
+    shell.user_ns.update(kept)
