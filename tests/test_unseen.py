@@ -198,6 +198,27 @@ history = model.fit(x, y, batch_size=64, epochs=2, shuffle=False, verbose=0)
     assert any("its loss my_mse reduces a batch to one number itself" in n for n in report.notes)
 
 
+# The same kind of loss in evaluate (issue 30, 7c): replicas need whole batches of real
+# samples, so the last 202 mod 64 run on one device and their metric states join the
+# replicas'. Every sample counts, as in plain Keras, and nothing is said to be left out.
+def test_evaluate_of_a_scalar_loss_counts_every_sample(sim8):
+    plain, ours, report = both(sim8, REGRESSION_DATA + """
+def my_mse(y_true, y_pred):
+    return keras.ops.mean(keras.ops.square(y_true - y_pred))
+yc = (y > 0.5).astype("float32")
+""", """
+model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(1, activation="sigmoid")])
+model.compile(keras.optimizers.SGD(0.05), loss=my_mse,
+              metrics=["binary_accuracy", keras.metrics.AUC(name="auc")])
+scores = model.evaluate(x[:202], yc[:202], batch_size=64, verbose=0, return_dict=True)
+listed = model.evaluate(x[:202], yc[:202], batch_size=64, verbose=0)
+""")
+    assert ours["scores"] == pytest.approx(plain["scores"], **TOLERANCE)
+    assert ours["listed"] == pytest.approx(plain["listed"], **TOLERANCE)
+    assert "evaluate" not in report.left_out
+    assert any("evaluate runs its last few samples on one device" in n for n in report.notes)
+
+
 def test_a_per_sample_loss_function_keeps_the_exact_padded_path(sim8):
     plain, ours, report = both(sim8, REGRESSION_DATA + """
 def my_mse(y_true, y_pred):

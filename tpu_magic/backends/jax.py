@@ -364,6 +364,7 @@ class JaxBackend(Named):
     label = "JAX"
     static_batch_is_global = True  # DataParallel traces the global batch
     step_sees_global_batch = True
+    evaluates_rest = False  # see evaluate_rest
 
     def refuses(self, chosen: Target, simulate: int | None) -> str | None:
         if chosen.kind == "tpu" and chosen.address != "local":
@@ -604,6 +605,10 @@ class JaxBackend(Named):
 
     def distributed_inference(self, model: Any, batch: Any) -> None:
         return None  # a step sees the global batch and draws as one device: it is compared
+
+    def evaluate_rest(self, model: Any, rest: tuple,
+                      one_device_copy: Callable[[], Any]) -> None:
+        return None  # only a model whose Input fixes the batch drops samples here: so does its copy
 
     def one_device_inference(self, model: Any, batch: Any,
                              one_device_copy: Callable[[], Any]) -> dict:

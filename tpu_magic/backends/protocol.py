@@ -43,6 +43,7 @@ class Backend(Protocol):
     static_batch_is_global: bool  # a batch fixed in an Input is the global batch (JAX traces it)
     # a step computes over the whole global batch (JAX); else each replica over its own share
     step_sees_global_batch: bool
+    evaluates_rest: bool  # evaluate's left-out samples run on one device (`evaluate_rest`)
 
     def connect(self, chosen: "Target", simulate: int | None, *, explicit_gpu: bool,
                 compile_cache: str | None, env: Mapping[str, str],
@@ -187,6 +188,15 @@ class Backend(Protocol):
                              one_device_copy: Callable[[], Any]) -> dict:
         """`batch`'s logs in inference mode on one device, with plain Keras's code, from the
         model's weights now."""
+
+    def evaluate_rest(self, model: Any, rest: tuple,
+                      one_device_copy: Callable[[], Any]) -> "dict | None":
+        """`evaluate`'s results over every sample, after its whole batches ran on the
+        replicas and `rest` (x, y, sample_weight: the last samples, fewer than the replicas
+        take in equal shares, of a model whose loss cannot be masked) was left out of them:
+        a one-device copy holding the model's weights evaluates `rest`, and its metric states
+        are added to the model's (Keras's metric states are sums). None: this backend leaves
+        them out (the report counts them)."""
 
     def shard_rows(self, model: Any) -> list:
         """Each of the model's variables as a `core.layouts.VariableShard`: its layout on the

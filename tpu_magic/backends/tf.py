@@ -89,6 +89,7 @@ class TensorFlowBackend(Named):
     label = "TensorFlow"
     static_batch_is_global = False  # Keras gives each replica the Input's fixed batch
     step_sees_global_batch = False
+    evaluates_rest = True  # see evaluate_rest
 
     # -- connecting ------------------------------------------------------------------------
 
@@ -420,6 +421,36 @@ class TensorFlowBackend(Named):
         logs = copy.evaluate(_replayed([batch]), steps=1, return_dict=True, verbose=0)
         return {key: float(np.asarray(value)) for key, value in logs.items()}
 
+    def evaluate_rest(self, model: Any, rest: tuple,
+                      one_device_copy: Callable[[], Any]) -> dict | None:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:  # outside the cell's strategy
+            states = pool.submit(self._rest_states, model, rest, one_device_copy).result()
+        mine = model.metrics_variables
+        if len(states) != len(mine) or any(
+                tuple(state.shape) != tuple(variable.shape)
+                for state, variable in zip(states, mine)):
+            return None
+        with self.reading(model):
+            # a metric variable is summed over the replicas when read; assigning its sum
+            # gives each replica a share of it (Keras reads the sum again)
+            for variable, state in zip(mine, states):
+                variable.assign(variable.numpy() + state)
+            logs = model.get_metrics_result()
+        return {key: _plain(value) for key, value in logs.items()}
+
+    def _rest_states(self, model: Any, rest: tuple,
+                     one_device_copy: Callable[[], Any]) -> list:
+        copy = one_device_copy()
+        with self.reading(model):
+            for variable, live in zip(copy.weights, model.weights):
+                variable.assign(np.asarray(self.replica_values(live)[0]))
+        import keras
+
+        x, y, weight = rest
+        copy.evaluate(x, y, sample_weight=weight, batch_size=len(keras.tree.flatten(x)[0]),
+                      verbose=0)
+        return [variable.numpy() for variable in copy.metrics_variables]
+
     def shard_rows(self, model: Any) -> list:
         return []
 
@@ -501,6 +532,14 @@ def _unpacked(batch: Any) -> tuple:
     import keras
 
     return keras.utils.unpack_x_y_sample_weight(batch)
+
+
+def _plain(value: Any) -> Any:
+    """A result as Keras's `evaluate` returns it: a float where it is one number."""
+    try:
+        return float(np.asarray(value))
+    except (TypeError, ValueError):
+        return np.asarray(value)
 
 
 def _first_input(batch: Any) -> Any:

@@ -305,26 +305,29 @@ class TrainingCell:
                                      [] if whole_batch else parity.per_replica_norms(model),
                                      exactness.scalar_losses(model),
                                      not exactness.keras_steps(model))
-        objects = custom_objects_from(self.namespace, model)
-
         def reference(m: Any, before: Any, batches: list) -> Any:
             with exactness.suspended(m):
-                return backend.one_device_steps(m, before, batches,
-                                                lambda: compiled_like(cpu_copy(m, objects, backend), m))
+                return backend.one_device_steps(m, before, batches, self._one_device_copy(m))
 
         def inference(m: Any, fed: Any, real: Any) -> Any:
             ours = backend.distributed_inference(m, fed)
             if ours is None:
                 return None
             with exactness.suspended(m):
-                return ours, backend.one_device_inference(m, real,
-                                                          lambda: compiled_like(cpu_copy(m, objects, backend), m))
+                return ours, backend.one_device_inference(m, real, self._one_device_copy(m))
 
         where = f"{connection.strategy_name} {connection.replicas} {self.mesh} {connection.target}"
         return parity.FirstStep(backend.step_state, self.inputs.first_batches, reference,
                                 parity.LOW_PRECISION_TOLERANCE if low else parity.TOLERANCE,
                                 likely, draws, where, self.agreed, inference,
                                 backend.step_logs)
+
+    def _one_device_copy(self, model: Any) -> Callable[[], Any]:
+        """Makes a copy of `model` for one device, compiled as it is (plain Keras's code: the
+        reference of the parity check and of `evaluate`'s last samples)."""
+        objects = custom_objects_from(self.namespace, model)
+        backend = self.connection.backend
+        return lambda: compiled_like(cpu_copy(model, objects, backend), model)
 
     # -- the three methods -----------------------------------------------------------------
 
@@ -408,17 +411,37 @@ class TrainingCell:
     def _evaluate(self, model: Any, call: dict, named: set) -> Any:
         plan = self._plan("evaluate", model, call, named)
         self._prepare(model)
-        self.inputs.for_evaluate(model, call, plan)
+        rest = self.inputs.for_evaluate(model, call, plan)
         if self.options.progress:
             call["verbose"] = 0
         wanted_dict = call.get("return_dict", False)
         call["return_dict"] = True
         result = routing.keras_method("evaluate")(model, **call)
+        if rest is not None:
+            result = self._evaluate_rest(model, rest) or result
         self.report.evaluations.append({k: float(v) for k, v in result.items()})
         if self.last_model is None:
             self.last_model = model
         # Keras's own ordering of a non-dict result (a scalar for a single value).
         return result if wanted_dict else model._flatten_metrics_in_order(result)
+
+    def _evaluate_rest(self, model: Any, rest: tuple) -> dict | None:
+        """`evaluate`'s results with its left-out samples evaluated on one device and
+        counted in (`Backend.evaluate_rest`); None where they stay left out (said)."""
+        backend = self.connection.backend
+        if not backend.evaluates_rest:
+            return None
+        try:
+            with exactness.suspended(model):
+                result = backend.evaluate_rest(model, rest, self._one_device_copy(model))
+        except Exception as exc:  # noqa: BLE001 - the samples stay left out, and it is said
+            self._note(f"evaluate left out its last {self.report.left_out.get('evaluate')} "
+                       f"samples: a one-device copy of {self._name_of(model) or model.name!r} "
+                       f"could not evaluate them ({type(exc).__name__}: {exc})")
+            return None
+        if result is not None:
+            self.report.left_out.pop("evaluate", None)
+        return result
 
     def _predict(self, model: Any, call: dict, named: set) -> Any:
         plan = self._plan("predict", model, call, named)

@@ -264,9 +264,10 @@ def _mask_metrics(compiled_metrics: Any) -> None:
     object.__setattr__(compiled_metrics, "update_state", update_state)
 
 
-def why_not_exact(model: Any, has_targets: bool) -> str | None:
+def why_not_exact(model: Any, has_targets: bool, rest_on_one_device: bool = False) -> str | None:
     """None where padding can be masked out of this model's loss; else why not, and what
-    tpu_magic does instead (whole batches of real samples only)."""
+    tpu_magic does instead (whole batches of real samples only; `rest_on_one_device`:
+    evaluate's last samples run on one device, see `Backend.evaluate_rest`)."""
     if masks_reach_loss(model, has_targets):
         return None
     scalar = scalar_losses(model) if has_targets and keras_steps(model) else []
@@ -281,8 +282,12 @@ def why_not_exact(model: Any, has_targets: bool) -> str | None:
                "ignore sample weights")
     return (f"{why}, so padded samples could reach its loss. tpu_magic feeds it whole "
             "batches of real samples only: fit leaves out the last few samples of each "
-            "epoch's shuffled order (different ones each epoch), evaluate the last few "
-            "samples, each fewer than one batch (the report counts them).")
+            "epoch's shuffled order (different ones each epoch), "
+            + ("validation the last few samples, fewer than one batch (the report counts "
+               "them); evaluate runs its last few samples on one device."
+               if rest_on_one_device else
+               "evaluate the last few samples, each fewer than one batch (the report counts "
+               "them)."))
 
 
 _OVERRIDES = ("compute_loss", "update_state", "build")

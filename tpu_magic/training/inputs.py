@@ -49,8 +49,8 @@ class Inputs:
         (`planning.remainder_for`); where they are left out, says so and why."""
         remainder = planning.remainder_for(model, self.connection, has_targets)
         if remainder == "drop":
-            self.note(f"model {self.label(model)!r}: "
-                      f"{exactness.why_not_exact(model, has_targets)}")
+            self.note(f"model {self.label(model)!r}: " + exactness.why_not_exact(
+                model, has_targets, self.connection.backend.evaluates_rest))
         return remainder
 
     def batch(self, plan: BatchPlan, model: Any, samples: int, remainder: str = "pad") -> int:
@@ -123,7 +123,10 @@ class Inputs:
         call.update(validation_data=evaluation.dataset, validation_batch_size=None,
                     validation_steps=call.get("validation_steps") or evaluation.steps)
 
-    def for_evaluate(self, model: Any, call: dict, plan: BatchPlan) -> None:
+    def for_evaluate(self, model: Any, call: dict, plan: BatchPlan) -> tuple | None:
+        """Returns the samples the batches leave out, as (x, y, sample_weight), for
+        `Backend.evaluate_rest` (None: every sample is in a batch, or Keras reads the input;
+        counted in the report until they are evaluated)."""
         x, y, weights = call["x"], call["y"], call["sample_weight"]
         if arrays.is_array_input(x) and (y is None or arrays.is_array_input(y)):
             remainder = self.remainder(model, y is not None)
@@ -131,11 +134,18 @@ class Inputs:
                 x, y, weights, self.batch(plan, model, arrays.num_samples(x), remainder=remainder),
                 strategy=self.connection.strategy, remainder=remainder)
             self._count("evaluate", evaluation)
+            every_batch = not call.get("steps")
             call.update(x=evaluation.dataset, y=None, sample_weight=None, batch_size=None,
                         steps=call.get("steps") or evaluation.steps)
+            if evaluation.left_out and every_batch:
+                rows = slice(evaluation.samples - evaluation.left_out, None)
+                return tuple(None if part is None else
+                             keras.tree.map_structure(lambda a: a[rows], part)
+                             for part in (x, y, weights))
         elif planning.batched_input(x):
             call["x"], _ = self.batched(model, x, batch=plan.global_batch or None,
                                         steps=call.get("steps"))
+        return None
 
     def for_predict(self, model: Any, call: dict, plan: BatchPlan) -> int | None:
         """Returns the rows the outputs must be trimmed to (None: Keras reads the input)."""
