@@ -181,6 +181,27 @@ def test_a_full_disk_stops_training_with_the_state_intact(digits, tmp_path, monk
     assert report.history.epoch == [1, 2]
 
 
+def test_a_directory_gone_mid_training_stops_with_the_epoch_and_resume(digits, tmp_path):
+    directory = tmp_path / "drive"
+    digits.run_cell(f"""
+import shutil
+class LoseTheMount(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == 1:
+            shutil.rmtree({str(directory)!r})
+""")
+    # the checkpoint of epoch 2 is written before the callback removes the directory
+    with pytest.raises(UsageError, match=r"the checkpoint after epoch 3 could not be written: "
+                                         r"the --checkpoint directory .*drive is gone .* the model "
+                                         r"keeps its weights.* re-run the cell with --resume"):
+        train(digits, ADAM + "model.fit(x[:600], y[:600], batch_size=64, epochs=4, verbose=0, "
+                             "callbacks=[LoseTheMount()])",
+              f"--no-progress --checkpoint {directory}")
+    model = digits.user_ns["model"]
+    assert int(model.optimizer.iterations.numpy()) == 3 * 10  # three whole epochs learned
+    assert all(np.isfinite(w).all() for w in model.get_weights())
+
+
 def test_an_epoch_stopped_by_ctrl_c_gets_no_checkpoint(digits, tmp_path):
     digits.run_cell("""
 import os, signal

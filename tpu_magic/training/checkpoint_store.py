@@ -275,6 +275,12 @@ class CheckpointStore:
         if adapters_only:  # what a full checkpoint would weigh, for the note
             self.adapters = (sum(a.nbytes for a in weights.arrays),
                              sum(int(np.prod(w.shape)) * 4 for w in model.weights))
+        if not self.directory.is_dir():  # a lost mount (Drive), or removed while training
+            raise CheckpointError(
+                f"the checkpoint after epoch {epoch} could not be written: the --checkpoint "
+                f"directory {self.directory} is gone (an unmounted drive, or removed while the "
+                "cell trained). Training stopped; the model keeps its weights. Mount it again "
+                "or choose another --checkpoint directory, then re-run the cell with --resume.")
         listing = self.listing()
         sequence = max([n for n, _, _ in listing] + self._aside_sequences(), default=0) + 1
         target = self.directory / f"ckpt-{sequence:06d}-epoch-{epoch:04d}.h5"
