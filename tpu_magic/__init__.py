@@ -5,7 +5,8 @@ Importing this package is cheap: TensorFlow, Keras, JAX and ipywidgets are
 imported by the functions that need them, on first connect.
 """
 
-from tpu_magic.core.session import Connection, session
+from tpu_magic.core.session import Connection
+from tpu_magic.core.session import current as session
 from tpu_magic.notebook.workspace import Workspace, workspace
 
 __all__ = ["Connection", "Workspace", "session", "workspace", "load_adapters", "hosts_outputs",
@@ -14,13 +15,19 @@ __version__ = "0.1.0"
 
 
 def load_ipython_extension(ipython):
-    """Registers the magics (`%load_ext tpu_magic`), and keeps TensorFlow's C++ log lines out
-    of the notebook should anything import TensorFlow before `%tpu_connect`."""
+    """Registers the magics (`%load_ext tpu_magic`), keeps TensorFlow's C++ log lines out
+    of the notebook should anything import TensorFlow before `%tpu_connect`, and where
+    TensorFlow cannot be imported, makes JAX Keras's backend (said in one line), so that
+    `import keras` may come before `%tpu_connect`."""
+    from tpu_magic.backends import default_keras_to_jax
     from tpu_magic.notebook.magics import register
     from tpu_magic.notebook.quiet import quiet_native_logs
 
     register(ipython)
     quiet_native_logs()
+    said = default_keras_to_jax()
+    if said:
+        print(said)
 
 
 def unload_ipython_extension(ipython):

@@ -37,6 +37,9 @@ def test_the_seed_cnn_on_two_hosts_equals_one_process_of_eight_devices(ip, hosts
     connected, expected = hosts
     summary = connected.summary()
     assert "2 hosts × 4 devices = 8 devices" in summary and "host 1 (" in summary
+    # what the notebook is connected to, as after any connect
+    assert tpu_magic.session() is connected
+    assert (connected.replicas, connected.target) == (8, "hosts:2x4")
     for name in ("history", "evaluation", "six"):
         ip.user_ns.pop(name, None)
     report = train(ip, CNN + FIT + "print('rows predicted', len(six))")

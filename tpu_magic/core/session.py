@@ -53,3 +53,10 @@ def session() -> Connection | None:
     """The current connection, or None before `%tpu_connect` (one per process: see
     `process`)."""
     return process.connection()
+
+
+def current() -> Any:
+    """What the notebook is connected to, as `tpu_magic.session()` gives it: the
+    `Connection`, or the `hosts.cluster.Hosts` after `%tpu_connect --hosts/--simulate HxD`
+    (its `replicas` and `target` read as a `Connection`'s), or None before `%tpu_connect`."""
+    return process.hosts() or process.connection()

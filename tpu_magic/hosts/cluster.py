@@ -58,6 +58,17 @@ class Hosts:
     def devices(self) -> int:
         return sum(e.devices for e in self.engines)
 
+    @property
+    def replicas(self) -> int:
+        """Model replicas a global batch is split over: every device of every host (as
+        `Connection.replicas`)."""
+        return self.devices
+
+    @property
+    def target(self) -> str:
+        """"hosts:HxD", as a `Connection`'s target names where it trains."""
+        return f"hosts:{len(self.engines)}x{self.engines[0].devices}"
+
     def summary(self) -> str:
         per = self.engines[0].devices
         where = ("a rehearsal: local engines, CPU devices, gloo collectives"
