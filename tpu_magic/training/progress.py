@@ -114,14 +114,17 @@ class FitProgress(keras.callbacks.Callback):
         view: also shows the training (same throttle), e.g. the panel.
         batch_of: the global batch, for an input whose batch is known only once Keras
             read it (a user's dataset).
+        tokens_of: real tokens a row, for an input whose rows are known only once Keras read
+            them (a dataset; KerasHub tasks make one of NumPy inputs); None: not tokens.
     """
 
     def __init__(self, timing: FitTiming, bar: Callable[..., Any] | None = None,
                  min_interval: float = 0.2, view: TrainingView | None = None,
-                 batch_of: Callable[[], int] | None = None):
+                 batch_of: Callable[[], int] | None = None,
+                 tokens_of: Callable[[], float | None] | None = None):
         super().__init__()
         self.timing = timing
-        self._batch_of = batch_of
+        self._batch_of, self._tokens_of = batch_of, tokens_of
         self._bar_class = bar
         self._min_interval = min_interval
         self._view = view
@@ -164,6 +167,8 @@ class FitProgress(keras.callbacks.Callback):
         self.timing.steps_done = self._epoch_steps_before + position
         if not self.timing.global_batch and self._batch_of is not None:
             self.timing.global_batch = self._batch_of()
+        if self.timing.tokens_per_sample is None and self._tokens_of is not None:
+            self.timing.tokens_per_sample, self._tokens_of = self._tokens_of(), None
         if self.timing.diverged is None and not _finite((logs or {}).get("loss", 0.0)):
             self.timing.diverged = (self._epoch + 1, position)
             if self.batch_bar is not None:  # said once, and kept on the bar

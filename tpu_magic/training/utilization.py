@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 # Keras reads the next batch inside its step function on both backends (and reads ahead:
 # tf.data's prefetch, the JAX trainer's prefetch thread), so the wait cannot be timed from
@@ -178,13 +178,31 @@ class FlopCounts:
 
 
 def tokens_per_sample(x: Any) -> float | None:
-    """Real tokens a row of a language model's input: the non-zero ids of an integer array
-    of token ids, (samples, sequence) (0 is the padding id of Keras's and KerasHub's
-    tokenizers); None for other inputs."""
+    """Real tokens a row of a language model's input: a KerasHub dict's `padding_mask` where
+    it has one, else the non-zero ids of an integer array of token ids (`token_ids`),
+    (samples, sequence) (0 is the padding id of Keras's and KerasHub's tokenizers); None for
+    other inputs."""
     import numpy as np
 
-    for leaf in [x] if not isinstance(x, dict) else [x.get("token_ids")]:
-        if isinstance(leaf, np.ndarray) and leaf.ndim == 2 and leaf.dtype.kind in "iu" and \
-                len(leaf):
-            return float(np.count_nonzero(leaf)) / len(leaf)
+    if isinstance(x, dict):
+        mask, ids = np.asarray(x.get("padding_mask", [])), x.get("token_ids")
+        if mask.ndim == 2 and len(mask) and isinstance(ids, np.ndarray) and \
+                mask.shape == ids.shape:
+            return float(np.count_nonzero(mask)) / len(mask)
+        x = ids
+    if isinstance(x, np.ndarray) and x.ndim == 2 and x.dtype.kind in "iu" and len(x):
+        return float(np.count_nonzero(x)) / len(x)
     return None
+
+
+def first_batch_tokens(first_batches: Callable[[int], list] | None) -> float | None:
+    """`tokens_per_sample` of the first batch a `fit` read (see `Inputs.first_batches`):
+    for an input Keras reads itself, a dataset of KerasHub's dicts say."""
+    import keras
+    import numpy as np
+
+    batches = first_batches(1) if first_batches is not None else None
+    if not batches:
+        return None
+    x = keras.utils.unpack_x_y_sample_weight(batches[0])[0]
+    return tokens_per_sample(keras.tree.map_structure(np.asarray, x))
