@@ -21,7 +21,9 @@ setup() {
   fi
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
   say "pip install -e .[cpu,test,browser,examples,jax] into $VENV"
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[cpu,test,browser,examples,jax]"
+  # setuptools' build backend boxes an 11-line "Editable installation" notice on every run
+  PYTHONWARNINGS="ignore:Editable installation" \
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[cpu,test,browser,examples,jax]"
   # KerasHub without tensorflow-text (its only heavy dependency: the full tensorflow wheel);
   # the tests build models from configs and never tokenize. Its other imports are in [test].
   say "pip install keras-hub (no dependencies; they come with [test])"

@@ -3,6 +3,8 @@
 Nothing here downloads: `offline=True`, or a download host on a closed loopback port.
 """
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -51,3 +53,17 @@ def test_a_host_that_does_not_answer_means_the_stand_in(closed_port):
 def test_unknown_dataset():
     with pytest.raises(ValueError, match="unknown dataset 'cifar100'"):
         datasets.load("cifar100", offline=True)
+
+
+def test_image_stand_ins_need_no_scikit_learn(monkeypatch):
+    # a plain `pip install tpu_magic[jax]` has no scikit-learn: the README's first cell
+    # died there with ModuleNotFoundError (issue 34)
+    monkeypatch.setitem(sys.modules, "sklearn", None)
+    monkeypatch.setitem(sys.modules, "sklearn.datasets", None)
+    (x, y), (xt, yt) = datasets.load("mnist", offline=True, say=lambda _: None)
+    assert x.shape[1:] == (28, 28) and x.dtype == np.uint8 and x.max() > 200
+    assert set(np.unique(y)) == set(range(10)) and len(x) > len(xt) > 0
+    # learnable: the nearest class mean of the training images names most test digits
+    means = np.stack([x[y == k].reshape((y == k).sum(), -1).mean(0) for k in range(10)])
+    nearest = np.argmin(((xt.reshape(len(xt), 1, -1) - means) ** 2).sum(-1), axis=1)
+    assert 0.3 < np.mean(nearest == yt) < 1.0

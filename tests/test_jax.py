@@ -52,3 +52,27 @@ def test_the_jax_suite_passes_in_its_own_process(tmp_path):
         cwd=HERE, env=env, capture_output=True, text=True, timeout=1800)
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
     assert " passed" in run.stdout and "skipped" not in run.stdout
+
+
+def test_import_keras_before_connect_runs_on_jax_where_tensorflow_cannot_be_imported(tmp_path):
+    # issue 34: in a clean `[jax]` install `import keras` before `%tpu_connect` died inside
+    # Keras (it defaults to TensorFlow); %load_ext now makes JAX the default there, and says so
+    if importlib.util.find_spec("jax") is None:
+        pytest.skip("jax is not installed (pip install -e '.[jax]')")
+    env = {k: v for k, v in os.environ.items() if k not in ("KERAS_BACKEND", "XLA_FLAGS")}
+    env.update(PYTHONPATH=str(HERE / "without_tensorflow"), KERAS_HOME=str(tmp_path))
+    script = (
+        "from IPython.core.interactiveshell import InteractiveShell\n"
+        "ip = InteractiveShell.instance()\n"
+        "ip.run_line_magic('load_ext', 'tpu_magic')\n"
+        "ip.run_cell('import keras\\nbackend = keras.backend.backend()', store_history=False)\n"
+        "print('backend:', ip.user_ns.get('backend'))\n"
+        "r = ip.run_line_magic('tpu_connect', '--simulate 2 --no-panel')\n"
+        "print('connected:', r.backend, r.replicas)\n")
+    run = subprocess.run([sys.executable, "-c", script], cwd=HERE.parent, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = run.stdout.splitlines()
+    assert lines[0] == ("tpu_magic: Keras will run on JAX (KERAS_BACKEND=jax): TensorFlow, its "
+                        "default, cannot be imported here")
+    assert "backend: jax" in lines and "connected: jax 2" in lines, run.stdout

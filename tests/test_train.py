@@ -228,6 +228,22 @@ model.fit(ds, epochs=2)
     assert report.epochs == 2 and report.global_batch == 64
 
 
+def test_keras_default_shuffle_says_nothing_about_a_dataset_and_the_users_does(digits):
+    # issue 34: "`shuffle=True` was passed, but will be ignored" in cells that passed no
+    # shuffle (Keras's default; a KerasHub task makes the dataset itself)
+    import warnings
+
+    fit = DENSE + """
+ds = tf.data.Dataset.from_tensor_slices((x[:256], y[:256])).batch(64)
+model.fit(ds, epochs=1{})
+"""
+    for given, said in (("", False), (", shuffle=True", True)):
+        with warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always")
+            train(digits, fit.format(given))
+        assert any("shuffle=True` was passed" in str(w.message) for w in warned) is said, given
+
+
 def test_static_batch_input_trains_and_predicts_any_count(digits):
     report = train(digits, """
 keras.utils.set_random_seed(5)

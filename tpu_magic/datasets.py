@@ -4,7 +4,8 @@
 cache (~/.keras/datasets) when the file is there; otherwise it checks in at most a few
 seconds that the download host answers, and downloads. Offline (no answer, a failed
 download, or `offline=True`) it says so in one line and returns small data of the same
-shapes and dtypes: scikit-learn's bundled digits upscaled for the image sets, generated
+shapes and dtypes: scikit-learn's bundled digits upscaled for the image sets (digits
+drawn from a bitmap font where scikit-learn is not installed), generated
 word sequences for IMDB. Nothing here is imported by `import tpu_magic`.
 """
 
@@ -108,22 +109,55 @@ def _stand_in(spec: Dataset, num_words: int):
 
 
 def _upscaled_digits(shape: tuple[int, ...], column_labels: bool):
-    """sklearn's 1,797 8×8 digits as uint8 images of `shape` (nearest-neighbour upscale)."""
+    """1,797 8×8 digits as uint8 images of `shape` (nearest-neighbour upscale): sklearn's
+    handwritten ones where scikit-learn is installed, else drawn ones (`_drawn_digits`)."""
     import numpy as np
-    from sklearn.datasets import load_digits
 
-    digits = load_digits()
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:  # a plain `pip install tpu_magic[jax]`: no scikit-learn
+        small, target = _drawn_digits()
+    else:
+        digits = load_digits()
+        small, target = digits.images, digits.target
     height, width = shape[:2]
     rows = np.arange(height) * 8 // height
     cols = np.arange(width) * 8 // width
-    images = (digits.images[:, rows][:, :, cols] * (255 / 16)).astype("uint8")
+    images = (small[:, rows][:, :, cols] * (255 / 16)).astype("uint8")
     if len(shape) == 3:
         images = np.repeat(images[..., None], shape[2], axis=-1)
-    labels = digits.target.astype("uint8")
+    labels = target.astype("uint8")
     if column_labels:
         labels = labels[:, None]  # CIFAR-10's labels are (n, 1)
     cut = len(images) - 300
     return (images[:cut], labels[:cut]), (images[cut:], labels[cut:])
+
+
+# 5×7 bitmaps of the digits 0-9, one string of rows each ("1": ink)
+_GLYPHS = (
+    "01110 10001 10011 10101 11001 10001 01110", "00100 01100 00100 00100 00100 00100 01110",
+    "01110 10001 00001 00010 00100 01000 11111", "11111 00010 00100 00010 00001 10001 01110",
+    "00010 00110 01010 10010 11111 00010 00010", "11111 10000 11110 00001 00001 10001 01110",
+    "00110 01000 10000 11110 10001 10001 01110", "11111 00001 00010 00100 01000 01000 01000",
+    "01110 10001 10001 01110 10001 10001 01110", "01110 10001 10001 01111 00001 00010 01100",
+)
+
+
+def _drawn_digits(count: int = 1797, seed: int = 0):
+    """Digits as sklearn's `load_digits` gives them ((count, 8, 8) in 0-16, labels 0-9),
+    drawn from a 5×7 bitmap font at a random place, stroke strength and noise: learnable,
+    not trivial, and needing only NumPy."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    glyphs = np.array([[[c == "1" for c in row] for row in glyph.split()]
+                       for glyph in _GLYPHS], dtype="float64")
+    labels = rng.integers(0, 10, count)
+    images = np.zeros((count, 8, 8))
+    for i, (down, right) in enumerate(zip(rng.integers(0, 2, count), rng.integers(0, 4, count))):
+        images[i, down:down + 7, right:right + 5] = glyphs[labels[i]]
+    images = images * rng.uniform(0.5, 1.0, (count, 1, 1)) + rng.normal(0, 0.2, images.shape)
+    return np.clip(images, 0, 1) * 16, labels
 
 
 def _word_sequences(num_words: int, train: int = 2000, test: int = 500, seed: int = 0):

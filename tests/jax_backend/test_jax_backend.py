@@ -260,7 +260,7 @@ def test_a_single_chip_tpu_is_one_replica_with_tpu_advice(ip, monkeypatch):
                                  "validation_data=(images[300:313], y[300:313]))")
         assert (report.replicas, report.global_batch, report.per_replica) == (1, 100, 100)
         assert any("100 samples per replica (batch_size 100 / 1) is not a multiple of 8" in n
-                   and "(128 per replica, 128, is a good start)" in n for n in report.notes)
+                   and "batch_size 128 (128 per replica) for a good start" in n for n in report.notes)
         assert np.isfinite(report.metrics["val_loss"])
     finally:
         set_session(rehearsal)
@@ -419,6 +419,52 @@ def test_token_ids_get_tokens_per_second_of_real_tokens(ip):
     per_row = np.count_nonzero(tokens) / len(tokens)
     assert report.tokens_per_second == pytest.approx(report.samples_per_second * per_row)
     assert "tokens/s (real tokens, padding left out)" in report.summary()
+
+
+def test_a_failed_tpu_connect_advises_a_rehearsal_line_that_works_next(ip):
+    with pytest.raises(UsageError, match="JAX finds no TPU here") as failed:
+        ip.run_line_magic("tpu_connect", "local --backend jax --no-panel")
+    advised = re.search(r"To rehearse without a TPU: `%(tpu_connect [^`]+)`", str(failed.value))
+    assert advised, str(failed.value)
+    name, line = advised.group(1).split(" ", 1)
+    assert "--backend jax" in line  # the advice keeps the backend the user asked for
+    ip.run_line_magic(name, line + " --no-panel")
+    assert tpu_magic.session().replicas == 8
+
+
+def test_kerashub_dict_inputs_get_tokens_per_second_from_their_padding_mask(ip, caplog):
+    # KerasHub's task makes a dataset of the arrays itself: the tokens are read off the first
+    # batch Keras takes, and counted by the padding mask (ids here are non-zero everywhere).
+    # What the libraries say about that dataset (Keras: "shuffle=True ... ignored", grain:
+    # "prefetch_buffer_size=8 is smaller than num_threads=16") is not the user's doing: not
+    # in the cell (issue 34)
+    import logging
+    import warnings
+
+    caplog.set_level(logging.INFO)
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        report = train(ip, """
+import keras_hub
+rs = np.random.RandomState(0)
+ids = rs.randint(1, 2048, (64, 17))
+mask = np.ones((64, 16), bool)
+mask[:, 12:] = False
+x = {"token_ids": ids[:, :-1], "padding_mask": mask}
+backbone = keras_hub.models.GemmaBackbone(vocabulary_size=2048, num_layers=1,
+    num_query_heads=4, num_key_value_heads=1, hidden_dim=32, intermediate_dim=64, head_dim=8)
+lm = keras_hub.models.GemmaCausalLM(backbone=backbone, preprocessor=None)
+lm.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+lm.fit(x, ids[:, 1:], batch_size=8, epochs=1, verbose=0)
+import grain
+rows = grain.MapDataset.source(list(range(64))).map(
+    lambda i: ({"token_ids": ids[i, :-1], "padding_mask": mask[i]}, ids[i, 1:])).batch(8)
+lm.fit(rows, epochs=1, verbose=0)  # a dataset of the user's own: tokens from its first batch
+""", "--no-progress --verify off")
+    assert not [w for w in warned if "shuffle=True" in str(w.message)]
+    assert "prefetch_buffer_size" not in caplog.text
+    assert report.samples_per_second
+    assert report.tokens_per_second == pytest.approx(report.samples_per_second * 12)
 
 
 def test_syncing_a_model_the_host_cannot_hold_is_refused_before_gathering(ip, monkeypatch):

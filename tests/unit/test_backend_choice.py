@@ -115,3 +115,18 @@ def test_when_an_imported_tensorflow_keras_took_a_jax_tpu(imported, tpu_vm, inst
 
     choice = choose_backend("auto", imported, {}, tpu_vm, installed)
     assert tensorflow_took_a_jax_tpu(choice, tpu_vm, installed) is took
+
+
+@pytest.mark.parametrize("imported, env, configured, importable, jax_default", [
+    (False, {}, None, {"jax"}, True),  # Colab's TPU image, a clean [jax] install
+    (False, {}, None, {"jax", "tensorflow"}, False),  # Keras's own default works
+    (True, {}, None, {"jax"}, False),  # keras is imported already: its backend stands
+    (False, {"KERAS_BACKEND": "torch"}, None, {"jax"}, False),  # the user's choice stands
+    (False, {}, "torch", {"jax"}, False),  # keras.json's too
+    (False, {}, None, set(), False),  # no JAX either: nothing to choose
+])
+def test_load_ext_makes_jax_keras_default_only_where_tensorflow_cannot_be_imported(
+        imported, env, configured, importable, jax_default):
+    from tpu_magic.backends import keras_default_is_jax
+
+    assert keras_default_is_jax(imported, env, configured, importable) is jax_default

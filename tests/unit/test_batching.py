@@ -28,7 +28,10 @@ def test_a_batch_must_be_a_positive_whole_number(batch):
 def test_tpu_advice_is_per_replica_tiles_of_8():
     assert plan_batches(1024, 8, tpu_rules=True).warnings == ()
     advice = plan_batches(96, 8, tpu_rules=True).warnings[0]
-    assert "12 samples per replica" in advice and "1024, is a good start" in advice
+    assert "12 samples per replica" in advice
+    # the suggestion per replica and as the batch to type, never read as one another (issue 34)
+    assert "Try batch_size 128 (16 per replica), or batch_size 1024 (128 per replica) " \
+        "for a good start." in advice
     assert plan_batches(96, 8).warnings == ()  # no TPU, no advice
 
 

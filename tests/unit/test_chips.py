@@ -92,4 +92,4 @@ def test_a_single_chip_tpu_takes_the_batch_rules_of_one_replica():
     plan = plan_batches(128, 1, tpu_rules=True)
     assert (plan.per_replica, plan.warnings) == (128, ())
     advice = plan_batches(100, 1, tpu_rules=True).warnings[0]
-    assert "100 samples per replica" in advice and "(128 per replica, 128, is a good start)" in advice
+    assert "100 samples per replica" in advice and "batch_size 128 (128 per replica) for a good start" in advice

@@ -45,3 +45,28 @@ def test_a_runtimes_own_stderr_stays_out_of_the_cell(capfd):
     os.write(2, b"after\n")
     assert said() == "=== Source Location Trace"
     assert capfd.readouterr().err == "after\n"
+
+
+class _JaxStartedWith:
+    """JAX as a failed TPU probe leaves it: started, its CPU split into `n` devices."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def devices(self, kind):
+        return [object()] * self.n
+
+
+def test_after_a_failed_tpu_probe_the_rehearsal_advice_is_a_line_that_works_next():
+    # issue 34: the advice was `%tpu_connect --simulate 8`, which then failed ("JAX already
+    # started with 1") and dropped --backend jax
+    from tpu_magic.backends.jax import _rehearsal_from_here
+    from tpu_magic.core.target import no_tpu_fix
+
+    fix = no_tpu_fix({"COLAB_RELEASE_TAG": "x"}, _rehearsal_from_here(_JaxStartedWith(1)))
+    assert "`%tpu_connect --simulate 8`" not in fix
+    assert ("To rehearse without a TPU: restart the runtime (JAX started here with 1 CPU "
+            "device, and it splits the CPU only once), then `%tpu_connect --backend jax "
+            "--simulate 8` before anything uses JAX.") in fix
+    ready = no_tpu_fix({}, _rehearsal_from_here(_JaxStartedWith(8)))
+    assert ready.endswith("To rehearse without a TPU: `%tpu_connect --backend jax --simulate 8`.")

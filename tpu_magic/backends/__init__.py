@@ -137,6 +137,42 @@ def importable_modules(names: Iterable[str] = ("tensorflow", "jax")) -> frozense
     return frozenset(found)
 
 
+def keras_default_is_jax(keras_imported: bool, env: Mapping[str, str],
+                         configured: str | None, importable: Collection[str]) -> bool:
+    """Whether `%load_ext tpu_magic` makes JAX Keras's backend: Keras is not imported yet,
+    nothing names its backend (`KERAS_BACKEND`, keras.json's `configured`), and TensorFlow,
+    Keras's default, cannot be imported while JAX can (Colab's TPU image, a `[jax]`
+    install). Then `import keras` before `%tpu_connect` works, as it does where TF is."""
+    return (not keras_imported and not env.get("KERAS_BACKEND", "").strip()
+            and not configured and "tensorflow" not in importable and "jax" in importable)
+
+
+def configured_keras_backend(env: Mapping[str, str]) -> str | None:
+    """The backend keras.json names (`$KERAS_HOME`, else ~/.keras), or None."""
+    import json
+    import os
+
+    home = env.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
+    try:
+        with open(os.path.join(home, "keras.json")) as handle:
+            return json.load(handle).get("backend") or None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def default_keras_to_jax() -> str | None:
+    """Sets `KERAS_BACKEND=jax` where `keras_default_is_jax`; returns the line saying so."""
+    import os
+
+    if not keras_default_is_jax("keras" in sys.modules, os.environ,
+                                configured_keras_backend(os.environ), importable_modules()):
+        return None
+    process.set_environment("KERAS_BACKEND", "jax", "TensorFlow, Keras's default backend, "
+                            "cannot be imported here and JAX can")
+    return ("tpu_magic: Keras will run on JAX (KERAS_BACKEND=jax): TensorFlow, its default, "
+            "cannot be imported here")
+
+
 def select(choice: BackendChoice) -> None:
     """Sets `KERAS_BACKEND` for a keras not imported yet (an imported one already agrees)."""
     if imported_keras_backend() is None:

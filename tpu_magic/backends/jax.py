@@ -357,6 +357,22 @@ def measure_matmul(device: Any, dtype: str, n: int, min_seconds: float = 0.3) ->
     return 2.0 * n ** 3 * rate / 1e12
 
 
+def _rehearsal_from_here(jax: Any, cores: int = 8) -> str:
+    """How to rehearse after JAX looked for a TPU in this process: JAX has started, and it
+    splits the CPU into devices once, so `--simulate` works next only where the split is
+    already `cores` (else after a restart)."""
+    line = f"`%tpu_connect --backend jax --simulate {cores}`"
+    try:
+        started = len(jax.devices("cpu"))
+    except RuntimeError:
+        started = 0
+    if started == cores:
+        return line
+    return (f"restart the runtime (JAX started here with {started} CPU "
+            f"device{'s' * (started != 1)}, and it splits the CPU only once), then {line} "
+            "before anything uses JAX")
+
+
 class JaxBackend(Named):
     """The `Backend` for Keras on JAX."""
 
@@ -416,8 +432,8 @@ class JaxBackend(Named):
                 else:
                     first = str(exc).strip().splitlines()[0] if str(exc).strip() else said()
                     raise ConnectError(f"JAX finds no {kind.upper()} here ({first}). "
-                                       + (no_tpu_fix(env) if kind == "tpu" else JAX_FIX)
-                                       ) from None
+                                       + (no_tpu_fix(env, _rehearsal_from_here(jax))
+                                          if kind == "tpu" else JAX_FIX)) from None
             if kind == "cpu":
                 devices = devices[:1]
             target = chosen.label

@@ -136,7 +136,10 @@ def _connect(target: str, simulate: int | None, timeout: float, backend: str,
     if simulate is None:
         chosen = resolve_target(target, env, signs)
     installed = installed_versions()
-    choice = choose_backend(backend, imported_keras_backend(), env, signs.tpu_vm,
+    # a KERAS_BACKEND tpu_magic set itself (`%load_ext`, an earlier connect) is not the user's
+    users = {k: v for k, v in env.items()
+             if not (k == "KERAS_BACKEND" and k in process.ENVIRONMENT_SET)}
+    choice = choose_backend(backend, imported_keras_backend(), users, signs.tpu_vm,
                             installed, importable_modules())
     chosen_backend = backends.get(choice.backend)
     if choice.reason != "the default":

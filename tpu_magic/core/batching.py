@@ -85,11 +85,14 @@ def plan_batches(
     per_replica = batch // replicas
     warnings = []
     if tpu_rules and per_replica % TPU_TILE:
+        near = TPU_TILE * max(1, round(per_replica / TPU_TILE))
+        start = SUGGESTED_PER_REPLICA * replicas
         warnings.append(
             f"{per_replica} samples per replica ({what} {batch} / {replicas}) is not a multiple "
             f"of {TPU_TILE}: TPU cores compute in 8×128 tiles, so part of each step is wasted. "
-            f"Try {what} {TPU_TILE * replicas * max(1, round(per_replica / TPU_TILE))} "
-            f"({SUGGESTED_PER_REPLICA} per replica, {SUGGESTED_PER_REPLICA * replicas}, is a good start)."
+            f"Try {what} {near * replicas} ({near} per replica)"
+            + (", a good start." if near * replicas == start else
+               f", or {what} {start} ({SUGGESTED_PER_REPLICA} per replica) for a good start.")
         )
     return BatchPlan(batch, replicas, per_replica, tuple(warnings))
 

@@ -33,19 +33,23 @@ NO_TPU_FIX = (
     "as tensorflow, never beside JAX's libtpu), then restart. "
     "To rehearse without a TPU: `%tpu_connect --simulate 8`."
 )
+REHEARSE = "`%tpu_connect --simulate 8`"
 
 
-def no_tpu_fix(env: Mapping[str, str]) -> str:
-    """`NO_TPU_FIX` with the platform's own menu first, where the environment names it."""
+def no_tpu_fix(env: Mapping[str, str], rehearse: str = REHEARSE) -> str:
+    """`NO_TPU_FIX` with the platform's own menu first, where the environment names it.
+    `rehearse`: how to rehearse from here (a line that works next in this process)."""
     if "KAGGLE_KERNEL_RUN_TYPE" in env or "KAGGLE_URL_BASE" in env:
-        return ("No TPU is attached to this Kaggle session: Settings > Accelerator > TPU VM "
-                "v5e-8 (or v6e-8), then run the notebook again. To rehearse without a TPU: "
-                "`%tpu_connect --simulate 8`.")
-    if "COLAB_RELEASE_TAG" in env or "COLAB_GPU" in env:
-        return ("No TPU is attached to this Colab runtime: Runtime > Change runtime type > a "
-                "TPU, then run the notebook again. To rehearse without a TPU: "
-                "`%tpu_connect --simulate 8`.")
-    return NO_TPU_FIX
+        fix = ("No TPU is attached to this Kaggle session: Settings > Accelerator > TPU VM "
+               "v5e-8 (or v6e-8), then run the notebook again. To rehearse without a TPU: "
+               f"{REHEARSE}.")
+    elif "COLAB_RELEASE_TAG" in env or "COLAB_GPU" in env:
+        fix = ("No TPU is attached to this Colab runtime: Runtime > Change runtime type > a "
+               "TPU, then run the notebook again. To rehearse without a TPU: "
+               f"{REHEARSE}.")
+    else:
+        fix = NO_TPU_FIX
+    return fix.replace(REHEARSE, rehearse)
 
 
 @dataclass(frozen=True)

@@ -288,8 +288,8 @@ class TpuMagics(Magics, Configurable):
             model.fit(x_train, y_train, epochs=50)
         """
         from tpu_magic.connecting.connect import connect
-        from tpu_magic.notebook.quiet import (native_load_notes_dropped, quiet_native_logs,
-                                              tensorflow_info_silenced)
+        from tpu_magic.notebook.quiet import (library_notes_dropped, native_load_notes_dropped,
+                                              quiet_native_logs, tensorflow_info_silenced)
         from tpu_magic.core.session import session
 
         __tracebackhide__ = True  # noqa: F841
@@ -352,7 +352,8 @@ class TpuMagics(Magics, Configurable):
                 exec(compiled, self.shell.user_global_ns, self.shell.user_ns)
 
             try:
-                report = training.run(execute, code)
+                with library_notes_dropped():
+                    report = training.run(execute, code)
                 self._leave_a_picture(report)
                 return report
             except KeyboardInterrupt as exc:

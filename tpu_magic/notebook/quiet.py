@@ -75,15 +75,35 @@ def tensorflow_info_silenced() -> Iterator[None]:
 
     A filter, not a level: TensorFlow sets its logger's level when first imported.
     """
-    logger = logging.getLogger("tensorflow")
-    keep_warnings = _AtLeastWarning()
-    logger.addFilter(keep_warnings)
-    try:
+    with _filtered("tensorflow", _AtLeastWarning()):
         yield
-    finally:
-        logger.removeFilter(keep_warnings)
 
 
 class _AtLeastWarning(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return record.levelno >= logging.WARNING
+
+
+@contextlib.contextmanager
+def library_notes_dropped() -> Iterator[None]:
+    """Drops log lines libraries write about their own settings, which a cell's user cannot
+    act on, for the duration (a training cell): grain's "prefetch_buffer_size=8 is smaller
+    than num_threads=16" at every KerasHub task's fit (KerasHub's own read options)."""
+    with _filtered("absl", _LibraryNotes()):
+        yield
+
+
+@contextlib.contextmanager
+def _filtered(name: str, rule: logging.Filter) -> Iterator[None]:
+    """`rule` on the logger `name` for the duration."""
+    logger = logging.getLogger(name)
+    logger.addFilter(rule)
+    try:
+        yield
+    finally:
+        logger.removeFilter(rule)
+
+
+class _LibraryNotes(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("prefetch_buffer_size=%s is smaller than num_threads")

@@ -9,10 +9,12 @@ gets a live progress bar and a report.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, MutableMapping
+from typing import Any, Callable, Iterator, MutableMapping
 
 import keras
 
@@ -354,8 +356,12 @@ class TrainingCell:
         _plan_memory(self, model, call["x"])  # before anything runs: it may refuse
         timing = FitTiming(global_batch=batch, flops_per_sample=self.flops.per_sample(model),
                            tokens_per_sample=utilization.tokens_per_sample(recorded.arguments["x"]))
-        progress = FitProgress(timing, bar=self.bar if self.options.progress else None,
-                               view=self.view, batch_of=lambda: given_batch_size(call["x"]))
+        first_batches = self.inputs.first_batches
+        progress = FitProgress(
+            timing, bar=self.bar if self.options.progress else None, view=self.view,
+            batch_of=lambda: given_batch_size(call["x"]),
+            tokens_of=None if arrays.is_array_input(recorded.arguments["x"])
+            else lambda: utilization.first_batch_tokens(first_batches))
         saver = (self.checkpoints.callback(seed, self.connection, resume_from)
                  if self.checkpoints is not None else None)
         check = self._first_step_check(model)
@@ -365,7 +371,8 @@ class TrainingCell:
             call["verbose"] = 0
         interrupted, failure = False, None
         compiled_before = self.connection.backend.compile_counts()
-        with stop_on_interrupt(model) as stop, self.connection.strategy.scope():
+        with stop_on_interrupt(model) as stop, self.connection.strategy.scope(), \
+                _default_shuffle_unsaid("shuffle" not in named):
             try:
                 history = routing.keras_method("fit")(model, **call)
             except KeyboardInterrupt:
@@ -466,6 +473,18 @@ class TrainingCell:
     def _test_on_batch(self, model: Any, call: dict, named: set) -> Any:
         self._prepare(model)
         return routing.keras_method("test_on_batch")(model, **call)
+
+
+@contextlib.contextmanager
+def _default_shuffle_unsaid(default: bool) -> Iterator[None]:
+    """Keras's "`shuffle=True` was passed, but will be ignored" about a dataset, left out
+    where the user passed no `shuffle` (Keras's default; a KerasHub task makes a dataset of
+    the user's arrays itself): noise the user did not cause. Said where they passed it."""
+    with warnings.catch_warnings():
+        if default:
+            warnings.filterwarnings("ignore", message=r"`shuffle=True` was passed, but will be "
+                                    "ignored", category=UserWarning)
+        yield
 
 
 def _plan_memory(cell: TrainingCell, model: Any, data: Any) -> None:
