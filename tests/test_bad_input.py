@@ -7,6 +7,7 @@ paths stay relative, inside a temporary working directory.
 """
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -250,3 +251,14 @@ def test_a_magic_line_with_a_trailing_comment_works_as_in_python(sim8):
     assert result.replicas == 8
     with pytest.raises(UsageError, match="could not read its arguments"):
         sim8.run_line_magic("tpu_connect", "'unbalanced # not a comment")
+
+
+def test_an_error_in_a_training_cell_names_that_cell(sim8, capsys):
+    # issue 34: IPython counts the next cell up before it runs one, and the traceback named
+    # the cell after the one that failed (In[3] shown as Cell In[4])
+    number = sim8.execution_count
+    with pytest.raises(ZeroDivisionError):
+        sim8.run_cell("%%tpu_train --no-progress\nfine = 1\nbroken = 1 / 0\n", store_history=True)
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)  # the colours off
+    assert f"Cell In[{number}], line 2" in shown, shown
+    assert f"Cell In[{number + 1}]" not in shown

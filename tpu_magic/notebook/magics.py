@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
@@ -343,7 +344,8 @@ class TpuMagics(Magics, Configurable):
             # `!cmd` and `%magic` lines become Python here, so names are read from this code.
             code = self.shell.transform_cell(cell)
             # Compiled under IPython's cache name, so a traceback shows the cell's own lines.
-            filename = self.shell.compile.cache(code, self.shell.execution_count, raw_code=cell)
+            filename = self.shell.compile.cache(code, _running_cell_number(self.shell),
+                                                raw_code=cell)
             compiled = self.shell.compile(code, filename, "exec")
 
             def execute():
@@ -543,6 +545,15 @@ def _simulate(text: str | None) -> tuple[int | None, tuple[int, int] | None]:
     from tpu_magic.hosts.cluster import parse_layout
 
     return None, parse_layout(text)
+
+
+def _running_cell_number(shell: Any) -> int:
+    """The number of the cell running now, as its `In[N]`: IPython counts the next cell up
+    before it runs one, so its own count is one ahead (`run_cell_magic` called outside a
+    cell has no running cell: the count as it is)."""
+    running = getattr(shell.displayhook, "exec_result", None)
+    number = getattr(running, "execution_count", None)
+    return shell.execution_count if number is None else number
 
 
 def _end_hosts() -> None:
