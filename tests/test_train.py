@@ -228,6 +228,16 @@ model.fit(ds, epochs=2)
     assert report.epochs == 2 and report.global_batch == 64
 
 
+def test_batch_advice_is_said_once_in_the_cells_output(digits, capsys):
+    # issue 34: the advice was printed by the cell and again by the report under it
+    digits.run_cell("%%tpu_train --no-progress --batch-size 96\n"
+                    + DENSE + "model.fit(x[:192], y[:192], epochs=1, verbose=0)\n")
+    shown = capsys.readouterr().out
+    assert shown.count("is not a multiple of 8") == 1, shown
+    assert "notes: 1, shown above" in shown
+    assert "is not a multiple of 8" in tpu_magic.workspace().report.summary()  # kept in full
+
+
 def test_keras_default_shuffle_says_nothing_about_a_dataset_and_the_users_does(digits):
     # issue 34: "`shuffle=True` was passed, but will be ignored" in cells that passed no
     # shuffle (Keras's default; a KerasHub task makes the dataset itself)

@@ -83,7 +83,9 @@ class TrainReport:
         self.history, self.interrupted = history, interrupted
         self.diverged = timing.diverged_text()
 
-    def summary(self) -> str:
+    def summary(self, notes_said: bool = False) -> str:
+        """The report in lines; `notes_said`: the notes as a count, where the cell printed
+        them as they came (its output shows the report under them)."""
         lines = [f"tpu_train: {self.strategy}, {self.replicas} replica{'s' * (self.replicas != 1)}"
                  + (f", model `{self.model_name}`" if self.model_name else "")
                  + f", {self.seconds:.1f} s"]
@@ -129,11 +131,14 @@ class TrainReport:
         for what, left in self.left_out.items():
             lines.append(f"  {what}: {left} sample{'s' * (left != 1)} left out (whole batches "
                          "of real samples only, see the note)")
-        lines += [f"  note: {n}" for n in self.notes]
+        if notes_said and self.notes:
+            lines.append(f"  notes: {len(self.notes)}, shown above")
+        else:
+            lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
     def _repr_pretty_(self, p, cycle):
-        p.text(self.summary())
+        p.text(self.summary(notes_said=True))  # under the cell's output, which said them
 
 
 def _fmt(values: dict[str, float]) -> str:
