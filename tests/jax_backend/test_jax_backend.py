@@ -633,6 +633,28 @@ def test_lora_adapters_alone_are_saved_small_and_load_back(ip, tmp_path):
 
 
 
+def test_a_lora_language_models_checkpoints_hold_what_trains_and_resume(ip, tmp_path):
+    # issue 32: with a real vocabulary the frozen embedding is most of the model, and
+    # enable_lora freezes it with the norms and every kernel: only LoRA's bases were left
+    # out (8.68 MB written for 8.78 MB of weights)
+    from tpu_magic.training.checkpoint_store import read_checkpoint
+
+    cell = (_hub_lm(heads=8, **GEMMA).replace("vocabulary_size=512", "vocabulary_size=32768")
+            .replace("rs.randint(1, 512", "rs.randint(1, 32768"))
+    line = f"--no-progress --shard model --mesh 2x4 --checkpoint {tmp_path} --keep 1"
+    report = train(ip, cell.replace("epochs=2", "epochs=1"), line)
+    written = sorted(tmp_path.glob("ckpt-*.h5"))
+    assert len(written) == 1
+    saved = read_checkpoint(written[0])
+    lm = ip.user_ns["lm"]
+    whole = sum(int(np.prod(w.shape)) * 4 for w in lm.weights)
+    assert not [n for n in saved.weights.names if "embeddings" in n]
+    assert written[0].stat().st_size < 0.05 * whole, (written[0].stat().st_size, whole)
+    assert any("the checkpoints hold what trains" in n for n in report.notes)
+    resumed = train(ip, cell, line + " --resume")
+    assert resumed.history.epoch == [1]
+
+
 @pytest.mark.parametrize("flags", ["--plan-for v5e-8", "--shard model --mesh 2x4"])
 def test_the_plans_peak_is_within_30_percent_of_the_measured_one(flags):
     """In a process of its own (tests/peak_run.py): the 8 simulated devices share its memory,

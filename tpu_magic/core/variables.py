@@ -73,11 +73,44 @@ def frozen_lora_bases(model: Any) -> set[int]:
     return found
 
 
+def frozen_weights(model: Any) -> set[int]:
+    """ids of the weights training never changes: LoRA's frozen bases, and the floating-point
+    weights a layer whose `trainable` is False holds itself (not through a sublayer), unless
+    Keras trains them (a frozen layer's kernels, embeddings and norms; a frozen
+    BatchNormalization runs in inference mode, so its statistics stay too). KerasHub's
+    `enable_lora` freezes the embedding and every block this way, and leaves the LoRA layers
+    inside them trainable. Integer state (a seed generator's) may change: never frozen."""
+    trained = {id(v) for v in model.trainable_weights}
+    found = frozen_lora_bases(model)
+    for layer in model._flatten_layers(include_self=True):
+        if layer.trainable:
+            continue
+        inner = {id(v) for sub in layer._flatten_layers(include_self=False) for v in sub.weights}
+        found |= {id(v) for v in layer.weights
+                  if id(v) not in inner and id(v) not in trained
+                  and "float" in str(getattr(v.dtype, "name", v.dtype))}
+    return found
+
+
 def saved_weights(model: Any) -> list[Any]:
-    """The weights a checkpoint holds: all of them, less LoRA's frozen bases (which training
-    never changes: the model that loaded them has them)."""
-    frozen = frozen_lora_bases(model)
-    return [w for w in model.weights if id(w) not in frozen]
+    """The weights a checkpoint holds: all of them, less those training never changes
+    (`frozen_weights`: the model that loads them has them already). The non-trainable state
+    that does change (BatchNorm statistics of trainable layers, seed generators) is kept."""
+    frozen = frozen_weights(model)
+    return [w for w in model.weights if id(w) not in frozen] + seed_states(model)
+
+
+def seed_states(model: Any) -> list[Any]:
+    """The states of the model's random layers' seed generators (Dropout's, ...): not among
+    its weights, yet each step moves them, so a resumed run draws as the run it continues."""
+    states, seen = [], set()
+    for layer in model._flatten_layers(include_self=True):
+        for generator in getattr(layer, "_seed_generators", ()):
+            state = getattr(generator, "state", None)
+            if state is not None and id(state) not in seen:
+                seen.add(id(state))
+                states.append(state)
+    return states
 
 
 def optimizer_state(model: Any, backend: Any) -> list[np.ndarray] | None:

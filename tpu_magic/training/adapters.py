@@ -16,6 +16,7 @@ import h5py
 import numpy as np
 
 from tpu_magic.core.atomic import atomic_path
+from tpu_magic.core.variables import frozen_weights
 from tpu_magic.core.errors import SyncError
 
 SUFFIX = ".adapters.h5"
@@ -41,7 +42,9 @@ def adapters_path(text: str) -> Path:
 
 
 def save_adapters(model: Any, path: Path, name: str) -> tuple[int, int]:
-    """Writes the model's trainable variables (gathered, float as trained) to `path`.
+    """Writes what the model trains to `path` (gathered, float as trained): its trainable
+    variables and the state that changes with them (the BatchNorm statistics of a trainable
+    layer), never a frozen layer's weights or LoRA's bases (`core.variables.frozen_weights`).
 
     Returns:
         (bytes written, bytes of all the model's weights).
@@ -50,7 +53,8 @@ def save_adapters(model: Any, path: Path, name: str) -> tuple[int, int]:
         SyncError: the model has no adapters (most of it trains), or the file cannot be
             written.
     """
-    trainable = model.trainable_weights
+    frozen = frozen_weights(model)
+    trainable = [w for w in model.weights if id(w) not in frozen]
     whole = sum(int(np.prod(w.shape)) * np.dtype(w.dtype).itemsize for w in model.weights)
     saved = sum(int(np.prod(w.shape)) * np.dtype(w.dtype).itemsize for w in trainable)
     if not trainable or saved >= ADAPTER_SHARE * whole:

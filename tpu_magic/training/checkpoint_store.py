@@ -60,7 +60,7 @@ class Checkpoint:
     weights: Variables
     optimizer: Variables
     optimizer_class: str
-    adapters_only: bool = False  # LoRA: the frozen bases were left out
+    adapters_only: bool = False  # what never trains (frozen layers, LoRA's bases) left out
 
 
 @dataclass
@@ -175,9 +175,9 @@ def restore(model: Any, checkpoint: Checkpoint, strategy: Any) -> None:
             optimizer.build(model.trainable_variables)
         saved = variables.saved_weights(model)
         problem = mismatch(checkpoint.weights, saved, "weights")
-        if problem is None and checkpoint.adapters_only != (len(saved) < len(model.weights)):
-            problem = ("one of the two has LoRA enabled and the other not: checkpoints of "
-                       "LoRA models hold the adapters only")
+        if problem is None and checkpoint.adapters_only != bool(variables.frozen_weights(model)):
+            problem = ("one of the two has frozen layers or LoRA and the other not: "
+                       "checkpoints leave out the weights that never train")
         if problem is None and checkpoint.optimizer.arrays:
             optimizer_class = type(optimizer).__name__ if optimizer is not None else ""
             if checkpoint.optimizer_class != optimizer_class:
@@ -214,7 +214,8 @@ class CheckpointStore:
         self.keep = keep
         self.moved_aside: list[str] = []  # "why: moved aside to NAME", for the cell to say
         self._usable: set[str] = set()  # names known to read back whole and finite
-        self.adapters: tuple[int, int] | None = None  # LoRA: (bytes saved, bytes of the weights)
+        # frozen layers or LoRA: (bytes saved, bytes of all the weights)
+        self.adapters: tuple[int, int] | None = None
 
     def prepare(self) -> None:
         """Creates the directory and proves it is writable; removes dead writers' leftovers.
@@ -271,7 +272,7 @@ class CheckpointStore:
         weights, optimizer, optimizer_class = state_of(model, backend)
         if not_finite(weights.arrays):
             return None
-        adapters_only = len(weights.arrays) < len(model.weights)
+        adapters_only = bool(variables.frozen_weights(model))
         if adapters_only:  # what a full checkpoint would weigh, for the note
             self.adapters = (sum(a.nbytes for a in weights.arrays),
                              sum(int(np.prod(w.shape)) * 4 for w in model.weights))

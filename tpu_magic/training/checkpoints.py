@@ -174,7 +174,8 @@ class CellCheckpoints:
                              cut_short_note(saver, self.store)) if n]
         if self.store.adapters and saver.written:
             saved, whole = self.store.adapters
-            notes.append(f"LoRA: the checkpoints hold the adapters only, {saved / 2**20:.2f} MiB "
-                         f"of the weights' {whole / 2**20:.2f} MiB ({100 * saved / whole:.1f} %; "
-                         "the frozen bases never change, and --resume needs the same model)")
+            notes.append(f"the checkpoints hold what trains, {saved / 2**20:.2f} MiB of the "
+                         f"weights' {whole / 2**20:.2f} MiB ({100 * saved / whole:.1f} %): frozen "
+                         "layers and LoRA's bases never change, so they are left out, and "
+                         "--resume needs the same model, frozen alike")
         return self.store.take_moved_aside(), notes
