@@ -81,6 +81,21 @@ def test_an_error_on_a_cell_line_names_the_line_and_the_hosts_once(ip, hosts):
         train(ip, CNN + "cnn.fit(images[:64], y[:64], batch_size=30)")  # tpu_magic's own check
 
 
+def test_an_unseeded_cell_builds_the_same_model_on_every_host(ip, hosts):
+    # issue 32: a model built without a seed (what nearly every notebook does) failed on
+    # every host: each process drew its own weights ("not the same on each process")
+    unseeded = CNN.replace("keras.utils.set_random_seed(0)\n", "")
+    assert unseeded != CNN
+    report = train(ip, unseeded + FIT)
+    assert report.replicas == 8 and report.evaluations
+    ip.run_line_magic("tpu_sync", "cnn --as unseeded_cpu")
+    copy = ip.user_ns["unseeded_cpu"]  # process 0's weights: the ones every host trained
+    again = copy.evaluate(ip.user_ns["images"][203:316], ip.user_ns["y"][203:316],
+                          return_dict=True, verbose=0)
+    for key, value in report.evaluations[-1].items():
+        assert again[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+
+
 def test_checkpoints_are_written_once_and_every_host_resumes(ip, hosts, tmp_path):
     cell = CNN + "cnn.fit(images[:203], y[:203], batch_size=32, epochs={epochs})"
     first = train(ip, cell.format(epochs=1), f"--no-progress --checkpoint {tmp_path}")

@@ -48,13 +48,23 @@ def join(index: int, count: int, coordinator: str, local_devices: int | None,
             "devices": jax.local_device_count(), "global": connection.replicas}
 
 
-def run_cell(line: str, cell: str) -> HostOutcome:
-    """`%%tpu_train line` with `cell` on this engine; its error, if any, with the cell's line."""
+def run_cell(line: str, cell: str, seed: int | None = None) -> HostOutcome:
+    """`%%tpu_train line` with `cell` on this engine; its error, if any, with the cell's line.
+
+    `seed`: the same on every host, drawn afresh for each cell by the notebook. Every process
+    starts the cell from it (Python's, NumPy's and Keras's random state), so a model the cell
+    builds without a seed, its Dropout and the cell's own random data are alike on every host,
+    as one process of all the devices would have them (each process drew its own weights,
+    and JAX refused them: "passed to device_put is not the same on each process")."""
     from IPython import get_ipython
     import jax
 
     from tpu_magic.hosts import progress
 
+    if seed is not None:
+        import keras
+
+        keras.utils.set_random_seed(seed)
     progress.start_cell()
     index, host = jax.process_index(), socket.gethostname()
     try:

@@ -10,6 +10,7 @@ and gathers every host's outcome: process 0's report, or each distinct error onc
 
 from __future__ import annotations
 
+import random
 import sys
 import types
 from typing import Any, Callable, MutableMapping
@@ -37,7 +38,8 @@ def train(hosts: Hosts, line: str, cell: str, namespace: MutableMapping[str, Any
     ids = [e.engine_id for e in hosts.engines]
     view = hosts.client[ids]
     _send(view, hosts, names_in(cell), namespace)
-    result = view.apply_async(engine.run_cell, line, cell)
+    # one seed for every host: an unseeded cell builds the same model on each
+    result = view.apply_async(engine.run_cell, line, cell, random.SystemRandom().randrange(2**31))
     bars = MirroredBars(bar_class if progress else None)
     try:
         while not result.ready():
