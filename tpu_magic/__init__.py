@@ -16,15 +16,17 @@ __version__ = "0.1.0"
 
 def load_ipython_extension(ipython):
     """Registers the magics (`%load_ext tpu_magic`), keeps TensorFlow's C++ log lines out
-    of the notebook should anything import TensorFlow before `%tpu_connect`, and where
+    of the notebook should anything import TensorFlow before `%tpu_connect`, and libraries'
+    notes on their own settings out of every cell (`notebook.quiet`), and where
     TensorFlow cannot be imported, makes JAX Keras's backend (said in one line), so that
     `import keras` may come before `%tpu_connect`."""
     from tpu_magic.backends import default_keras_to_jax
     from tpu_magic.notebook.magics import register
-    from tpu_magic.notebook.quiet import quiet_native_logs
+    from tpu_magic.notebook.quiet import drop_library_notes, quiet_native_logs
 
     register(ipython)
     quiet_native_logs()
+    drop_library_notes()
     said = default_keras_to_jax()
     if said:
         print(said)
@@ -33,8 +35,10 @@ def load_ipython_extension(ipython):
 def unload_ipython_extension(ipython):
     """Removes the magics (`%unload_ext tpu_magic`)."""
     from tpu_magic.notebook.magics import unregister
+    from tpu_magic.notebook.quiet import keep_library_notes
 
     unregister(ipython)
+    keep_library_notes()
 
 
 def load_adapters(model, path):

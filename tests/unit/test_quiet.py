@@ -34,3 +34,43 @@ def test_a_connect_window_drops_native_notes_and_gives_the_rest_back():
                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     assert done.returncode == 0, done.stderr
     assert done.stderr == b"kept while loading\nafter\n"
+
+
+def test_a_training_cell_drops_the_notes_of_a_tensorflow_it_loads_and_only_then():
+    # issue 34: on Kaggle's image (JAX beside tensorflow-cpu) `import keras_hub` in a JAX
+    # training cell loads TensorFlow, whose notes reached the cell
+    code = textwrap.dedent(f"""
+        import os, sys, types
+        from tpu_magic.notebook.quiet import tensorflow_load_notes_dropped
+        with tensorflow_load_notes_dropped():  # not loaded yet: the cell may load it
+            os.write(2, {PREAMBLE!r} + {ONEDNN!r} + b"the cell's own\\n")
+        sys.modules["tensorflow"] = types.ModuleType("tensorflow")
+        with tensorflow_load_notes_dropped():  # loaded: stderr untouched
+            os.write(2, b"I0000 00:00:1.0   1 later.cc:1] passes through\\n")
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == b"the cell's own\nI0000 00:00:1.0   1 later.cc:1] passes through\n"
+
+
+def test_grains_note_on_kerashubs_read_options_stays_out_of_every_cell_after_load_ext(caplog):
+    # issue 34: a KerasHub task's predict in a plain cell printed grain's prefetch note
+    import logging
+
+    from shell import testing_shell
+
+    def logged(message, *args):
+        caplog.clear()
+        logging.getLogger("absl").warning(message, *args)
+        return caplog.text
+
+    note = "prefetch_buffer_size=%s is smaller than num_threads=%s. This will limit ..."
+    shell = testing_shell()  # %load_ext tpu_magic
+    assert "prefetch_buffer_size" not in logged(note, 8, 16)
+    assert "a warning of its own" in logged("a warning of its own")
+    shell.run_line_magic("unload_ext", "tpu_magic")
+    try:
+        assert "prefetch_buffer_size=8" in logged(note, 8, 16)
+    finally:
+        shell.run_line_magic("load_ext", "tpu_magic")

@@ -289,8 +289,9 @@ class TpuMagics(Magics, Configurable):
             model.fit(x_train, y_train, epochs=50)
         """
         from tpu_magic.connecting.connect import connect
-        from tpu_magic.notebook.quiet import (library_notes_dropped, native_load_notes_dropped,
-                                              quiet_native_logs, tensorflow_info_silenced)
+        from tpu_magic.notebook.quiet import (native_load_notes_dropped,
+                                              quiet_native_logs, tensorflow_info_silenced,
+                                              tensorflow_load_notes_dropped)
         from tpu_magic.core.session import session
 
         __tracebackhide__ = True  # noqa: F841
@@ -354,7 +355,7 @@ class TpuMagics(Magics, Configurable):
                 exec(compiled, self.shell.user_global_ns, self.shell.user_ns)
 
             try:
-                with library_notes_dropped():
+                with tensorflow_load_notes_dropped():
                     report = training.run(execute, code)
                 self._leave_a_picture(report)
                 return report

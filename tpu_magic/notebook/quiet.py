@@ -61,6 +61,16 @@ def native_load_notes_dropped() -> Iterator[None]:
                 os.write(2, kept)
 
 
+def tensorflow_load_notes_dropped() -> contextlib.AbstractContextManager[None]:
+    """For a training cell: `native_load_notes_dropped` while TensorFlow is not loaded yet,
+    since the cell may load it (KerasHub and grain import it on Kaggle's JAX image, where
+    tensorflow-cpu sits beside JAX); nothing once it is. The native stderr the cell writes
+    comes back when the cell ends."""
+    if "tensorflow" in sys.modules:
+        return contextlib.nullcontext()
+    return native_load_notes_dropped()
+
+
 def _flush_native_stderr() -> None:
     for stream in (sys.__stderr__, sys.stderr):
         try:
@@ -84,13 +94,17 @@ class _AtLeastWarning(logging.Filter):
         return record.levelno >= logging.WARNING
 
 
-@contextlib.contextmanager
-def library_notes_dropped() -> Iterator[None]:
-    """Drops log lines libraries write about their own settings, which a cell's user cannot
-    act on, for the duration (a training cell): grain's "prefetch_buffer_size=8 is smaller
-    than num_threads=16" at every KerasHub task's fit (KerasHub's own read options)."""
-    with _filtered("absl", _LibraryNotes()):
-        yield
+def drop_library_notes() -> None:
+    """From `%load_ext tpu_magic` on, drops log lines libraries write about their own settings,
+    which a cell's user cannot act on: grain's "prefetch_buffer_size=8 is smaller than
+    num_threads=16", at every fit, evaluate and predict of a KerasHub task (KerasHub's own
+    read options), in training cells and plain ones. Once however often it is called."""
+    logging.getLogger("absl").addFilter(_LIBRARY_NOTES)
+
+
+def keep_library_notes() -> None:
+    """Undoes `drop_library_notes` (`%unload_ext tpu_magic`)."""
+    logging.getLogger("absl").removeFilter(_LIBRARY_NOTES)
 
 
 @contextlib.contextmanager
@@ -107,3 +121,6 @@ def _filtered(name: str, rule: logging.Filter) -> Iterator[None]:
 class _LibraryNotes(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return not str(record.msg).startswith("prefetch_buffer_size=%s is smaller than num_threads")
+
+
+_LIBRARY_NOTES = _LibraryNotes()
