@@ -81,13 +81,16 @@ def test_an_error_on_a_cell_line_names_the_line_and_the_hosts_once(ip, hosts):
         train(ip, CNN + "cnn.fit(images[:64], y[:64], batch_size=30)")  # tpu_magic's own check
 
 
-def test_an_unseeded_cell_builds_the_same_model_on_every_host(ip, hosts):
+def test_an_unseeded_cell_builds_the_same_model_on_every_host(ip, hosts, capsys):
     # issue 32: a model built without a seed (what nearly every notebook does) failed on
     # every host: each process drew its own weights ("not the same on each process")
     unseeded = CNN.replace("keras.utils.set_random_seed(0)\n", "")
     assert unseeded != CNN
     report = train(ip, unseeded + FIT)
     assert report.replicas == 8 and report.evaluations
+    # the notes process 0 said are said here too: the report under the cell counts them
+    said = capsys.readouterr().out
+    assert report.notes and all(note in said for note in report.notes)
     ip.run_line_magic("tpu_sync", "cnn --as unseeded_cpu")
     copy = ip.user_ns["unseeded_cpu"]  # process 0's weights: the ones every host trained
     again = copy.evaluate(ip.user_ns["images"][203:316], ip.user_ns["y"][203:316],

@@ -74,7 +74,10 @@ def train(hosts: Hosts, line: str, cell: str, namespace: MutableMapping[str, Any
         raise HostsError(message + ". Every host's printed output: "
                          "tpu_magic.hosts_outputs()")
     hosts.last_model = outcomes[0].model_name or hosts.last_model
-    return outcomes[0].report
+    report = outcomes[0].report
+    for note in report.notes:  # said on process 0 as they came; the report under counts them
+        print(f"note: {note}")
+    return report
 
 
 def _send(view: Any, hosts: Hosts, names: set[str], namespace: MutableMapping[str, Any]) -> None:
