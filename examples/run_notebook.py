@@ -47,16 +47,30 @@ NOISE = re.compile(r"absl::InitializeLog|cpu_feature_guard|oneDNN custom operati
                    r"This TensorFlow binary is optimized|^[IW]\d{4} \d\d:\d\d:\d\d", re.M)
 
 
-def run(path, overrides, timeout, save=None):
+def out_of_range(printed, expect):
+    """Why a figure the notebook printed misses its stated range (None: it is in it).
+    `expect`: (a pattern with one number group, low, high)."""
+    pattern, low, high = expect
+    found = re.search(pattern, printed)
+    if found is None:
+        return f"nothing printed matches {pattern!r}"
+    value = float(found.group(1))
+    if not float(low) <= value <= float(high):
+        return f"{found.group(0)!r}: {value} is outside the stated range {low}-{high}"
+    return None
+
+
+def run(path, overrides, timeout, save=None, expect=None):
     """Executes one notebook; prints its outputs; returns the number of error outputs
-    (framework log noise in an output counts as one)."""
+    (framework log noise in an output counts as one, and so does a figure outside the
+    range `expect` states: see `out_of_range`)."""
     notebook = nbformat.read(path, as_version=4)
     set_parameters(notebook, overrides)
     start = time.perf_counter()
     client = NotebookClient(notebook, timeout=timeout, kernel_name="python3",
                             allow_errors=True, resources={"metadata": {"path": "."}})
     client.execute()
-    errors = 0
+    errors, printed = 0, []
     for index, cell in enumerate(notebook.cells):
         if cell.cell_type != "code":
             continue
@@ -65,9 +79,14 @@ def run(path, overrides, timeout, save=None):
             text = text_of(output).rstrip()
             if text:
                 print(f"[cell {index}] {text}")
+                printed.append(text)
             if output.output_type == "stream" and NOISE.search(output.text):
                 errors += 1
                 print(f"[cell {index}] framework log noise in the cell's output (above)")
+    missed = out_of_range("\n".join(printed), expect) if expect else None
+    if missed:
+        errors += 1
+        print(f"{path}: {missed}")
     if save is not None:
         Path(save).mkdir(parents=True, exist_ok=True)
         nbformat.write(notebook, Path(save) / Path(path).name)
@@ -83,9 +102,13 @@ def main():
     parser.add_argument("-p", "--parameter", action="append", default=[], metavar="NAME=VALUE")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per cell")
     parser.add_argument("--save", metavar="DIR", help="write the executed notebooks to DIR")
+    parser.add_argument("--expect", nargs=3, metavar=("PATTERN", "LOW", "HIGH"),
+                        help="a figure the notebook prints (PATTERN's group 1) must lie in "
+                             "[LOW, HIGH], e.g. --expect 'test accuracy ([0-9.]+)' 0.5 0.7")
     args = parser.parse_args()
     overrides = dict(p.split("=", 1) for p in args.parameter)
-    failed = [path for path in args.notebooks if run(path, overrides, args.timeout, args.save)]
+    failed = [path for path in args.notebooks
+              if run(path, overrides, args.timeout, args.save, args.expect)]
     if failed:
         print("failed: " + ", ".join(failed))
     return 1 if failed else 0

@@ -26,3 +26,13 @@ def test_framework_log_lines_count_as_noise_and_the_users_lines_do_not():
         assert rule.search(line), line
     for line in ["Epoch 1/2", "loss 0.25, I0000 is my run's name", "accuracy: 0.97"]:
         assert not rule.search(line), line
+
+
+def test_a_printed_figure_outside_its_stated_range_fails_the_run():
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    expect = (r"test accuracy ([0-9.]+)", "0.5", "0.7")
+    assert module.out_of_range("CPU copy: test accuracy 0.605 on 300 images", expect) is None
+    assert "outside the stated range 0.5-0.7" in module.out_of_range(
+        "CPU copy: test accuracy 0.270 on 300 images", expect)
+    assert "nothing printed matches" in module.out_of_range("no figure", expect)
