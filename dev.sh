@@ -4,6 +4,7 @@
 #   bash dev.sh test       # set up .venv, run the test suite
 # and, for CI: bash dev.sh examples   # every example notebook, small settings
 #              bash dev.sh wheel      # the built wheel in a clean venv (JAX, no TensorFlow)
+#              bash dev.sh docs       # the documentation site (MkDocs) into site/, strict
 # Set-up is idempotent: the venv is made once and `pip install` is quick when nothing changed.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -20,10 +21,10 @@ setup() {
     python3 -m venv "$VENV"
   fi
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
-  say "pip install -e .[cpu,test,browser,examples,jax] into $VENV"
+  say "pip install -e .[cpu,test,browser,examples,jax,docs] into $VENV"
   # setuptools' build backend boxes an 11-line "Editable installation" notice on every run
   PYTHONWARNINGS="ignore:Editable installation" \
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[cpu,test,browser,examples,jax]"
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[cpu,test,browser,examples,jax,docs]"
   # KerasHub without tensorflow-text (its only heavy dependency: the full tensorflow wheel);
   # the tests build models from configs and never tokenize. Its other imports are in [test].
   say "pip install keras-hub (no dependencies; they come with [test])"
@@ -119,6 +120,22 @@ PY
       "$VENV/bin/python" examples/run_notebook.py examples/hosts_rehearsal.ipynb \
       --save executed/jax "${small[@]}" "$@"
     ;;
+  docs)
+    # The documentation site into site/ (mkdocs build --strict: a broken link or a page
+    # missing from the nav fails). Its example pages are the notebooks `dev.sh examples`
+    # executed on JAX, with their outputs (the loss charts, the images, the reports).
+    setup
+    shift
+    if ! ls executed/jax/*.ipynb > /dev/null 2>&1; then
+      say "no executed notebooks in executed/jax yet: running bash dev.sh examples first"
+      bash "$HERE/dev.sh" examples
+    fi
+    rm -rf docs/notebooks && mkdir -p docs/notebooks
+    cp executed/jax/*.ipynb docs/notebooks/
+    say "building the documentation site (mkdocs build --strict) into site/"
+    NO_MKDOCS_2_WARNING=1 "$VENV/bin/python" -m mkdocs build --strict --quiet "$@"
+    say "site/index.html"
+    ;;
   test)
     setup
     chromium
@@ -127,7 +144,7 @@ PY
     ;;
   *)
     echo "usage: bash dev.sh demo | bash dev.sh test [pytest args] | bash dev.sh examples |" \
-         "bash dev.sh wheel" >&2
+         "bash dev.sh wheel | bash dev.sh docs" >&2
     exit 2
     ;;
 esac

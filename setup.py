@@ -33,6 +33,9 @@ setup(
         "hub": ["keras-hub>=0.20", "grain"],
         # Several hosts (`%tpu_connect --hosts/--simulate HxD`): IPython's engines, one a host.
         "hosts": ["ipyparallel>=8.6", "jax>=0.4.30"],
+        # The documentation site (`bash dev.sh docs`): MkDocs, its Material theme, and
+        # mkdocs-jupyter for the executed example notebooks.
+        "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocs-jupyter>=0.24"],
         # The panel's real-browser test drives Debian's chromium (apt), not a downloaded one.
         "browser": ["jupyterlab>=4", "playwright>=1.40"],
         # Keras on JAX (`%tpu_connect --backend jax`); on a TPU VM: pip install "jax[tpu]".

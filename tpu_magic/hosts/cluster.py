@@ -156,7 +156,7 @@ def attach(name: str, timeout: float) -> Hosts:
         client.wait_for_engines(1, timeout=timeout)
     except Exception as exc:  # noqa: BLE001 - no such profile, no hub, no engine
         raise HostsError(f"--hosts {name}: no ipyparallel cluster answered within {timeout:g} s "
-                         f"({exc}). Start one engine a host first (see the README's 'More "
+                         f"({exc}). Start one engine a host first (see the docs' guide 'More "
                          "than one host'), then connect again.") from None
     from tpu_magic.hosts import engine
 

@@ -8,7 +8,7 @@ statistics while its `%tpu_sync` copy answers with their mean: the same model gi
 accuracies (0.4604 vs 0.4703 measured on a small per-replica batch). Here every replica
 gets the mean, so the live model, its validation and its CPU copy all use one set. The
 moving mean of equal shares averages to the whole batch's exactly; the variance misses the
-spread between the shares' means (README, Known limits).
+spread between the shares' means (docs/limits.md).
 """
 
 from __future__ import annotations
