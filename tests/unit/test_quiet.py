@@ -58,7 +58,7 @@ def test_grains_note_on_kerashubs_read_options_stays_out_of_every_cell_after_loa
     # issue 34: a KerasHub task's predict in a plain cell printed grain's prefetch note
     import logging
 
-    from shell import testing_shell
+    from IPython.core.interactiveshell import InteractiveShell
 
     def logged(message, *args):
         caplog.clear()
@@ -66,7 +66,8 @@ def test_grains_note_on_kerashubs_read_options_stays_out_of_every_cell_after_loa
         return caplog.text
 
     note = "prefetch_buffer_size=%s is smaller than num_threads=%s. This will limit ..."
-    shell = testing_shell()  # %load_ext tpu_magic
+    shell = InteractiveShell.instance()  # the unit suite's shell
+    shell.run_line_magic("load_ext", "tpu_magic")
     assert "prefetch_buffer_size" not in logged(note, 8, 16)
     assert "a warning of its own" in logged("a warning of its own")
     shell.run_line_magic("unload_ext", "tpu_magic")

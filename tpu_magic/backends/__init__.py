@@ -124,6 +124,11 @@ def only_jax_reaches_the_tpu(installed: Mapping[str, str]) -> bool:
     return "tensorflow-tpu" not in installed and "jax" in installed
 
 
+def tensorflow_loaded() -> bool:
+    """Whether TensorFlow is imported in this process (by anything: Keras, KerasHub, grain)."""
+    return "tensorflow" in sys.modules
+
+
 def importable_modules(names: Iterable[str] = ("tensorflow", "jax")) -> frozenset[str]:
     """Which of `names` can be imported, without importing them (an import hook that refuses
     one counts as 'cannot')."""

@@ -402,8 +402,9 @@ class TpuMagics(Magics, Configurable):
     @argument("--save", metavar="PATH",
               help="also write the weights to PATH (.weights.h5, written atomically)")
     @argument("--adapters", action="store_true",
-              help="with --save: write the LoRA adapters alone (PATH.adapters.h5, a few "
-                   "percent of the model; tpu_magic.load_adapters(model, path) reads it)")
+              help="with --save: write what trains alone, the LoRA adapters and no frozen "
+                   "layer (PATH.adapters.h5, a few percent of the model; "
+                   "tpu_magic.load_adapters(model, path) reads it)")
     @line_magic
     @usage_errors
     def tpu_sync(self, line=""):

@@ -66,7 +66,9 @@ def tensorflow_load_notes_dropped() -> contextlib.AbstractContextManager[None]:
     since the cell may load it (KerasHub and grain import it on Kaggle's JAX image, where
     tensorflow-cpu sits beside JAX); nothing once it is. The native stderr the cell writes
     comes back when the cell ends."""
-    if "tensorflow" in sys.modules:
+    from tpu_magic.backends import tensorflow_loaded
+
+    if tensorflow_loaded():
         return contextlib.nullcontext()
     return native_load_notes_dropped()
 
