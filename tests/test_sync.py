@@ -151,6 +151,24 @@ lstm.fit(words, (words[:, 0] > 250).astype("float32"), batch_size=32, epochs=1)
     assert report.name == "lstm" and report.max_abs_diff < 1e-5
 
 
+def test_the_copy_of_a_model_taking_a_dict_of_open_length_sequences_is_checked(digits):
+    # issue 32: a KerasHub task's inputs (token ids and a padding mask of any length, in a
+    # dict) gave no probe, so its copy went unchecked
+    train(digits, """
+keras.utils.set_random_seed(4)
+ids = keras.Input((None,), dtype="int32", name="token_ids")
+mask = keras.Input((None,), dtype="int32", name="padding_mask")
+hidden = keras.layers.Embedding(300, 8)(ids) * keras.ops.expand_dims(keras.ops.cast(mask, "float32"), -1)
+tagger = keras.Model({"token_ids": ids, "padding_mask": mask}, keras.layers.Dense(3)(hidden))
+tagger.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+words = np.random.randint(0, 300, size=(64, 12))
+tagger.fit({"token_ids": words, "padding_mask": np.ones_like(words)}, words % 3, batch_size=32, epochs=1)
+""")
+    report = digits.run_line_magic("tpu_sync", "tagger")
+    assert report.max_abs_diff is not None and report.max_abs_diff < 1e-5
+    assert "probe batch of 8" in report.summary()
+
+
 @pytest.mark.parametrize("line, message", [
     ("x", "'x' is a ndarray, not a Keras model"),
     ("nothing_here", "no variable named 'nothing_here'"),

@@ -618,6 +618,10 @@ def test_lora_adapters_alone_are_saved_small_and_load_back(ip, tmp_path):
     saved, whole = result.adapters
     assert path.exists() and saved < 0.1 * whole
     assert "saved the adapters alone" in result.summary()
+    # issue 32: the copy of a KerasHub task is checked too (a probe of token ids and a mask
+    # in the dict it takes; before, "no input shape known")
+    assert result.max_abs_diff is not None and result.max_abs_diff < 1e-4
+    assert "probe batch of 8" in result.summary()
     assert path.stat().st_size < 0.2 * whole
     import tpu_magic as tm
 

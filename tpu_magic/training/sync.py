@@ -30,6 +30,7 @@ from tpu_magic.training.sync_target import choose_model, copy_name
 
 WEIGHTS_SUFFIX = ".weights.h5"  # Keras 3 refuses any other ending for weights files
 PROBE_ROWS = 8
+PROBE_LENGTH = 16  # a sequence length for inputs that leave theirs open (token ids)
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,8 @@ class SyncReport:
         if self.source:
             lines.append(f"  weights from {self.source}")
         elif self.max_abs_diff is None:
-            lines.append("  probe: no input shape known, predictions not compared")
+            lines.append("  probe: no input the model takes could be made up, predictions "
+                         "not compared")
         else:
             against = " from replica 0 (before averaging)" if self.averaged else ""
             lines.append(f"  probe batch of {PROBE_ROWS}: largest prediction difference{against} "
@@ -220,8 +222,11 @@ def _rebuild(serialized: Any, compile_config: Any, objects: Mapping[str, Any], l
     return new
 
 
-def probe_batch(model: Any, rows: int = PROBE_ROWS, seed: int = 0) -> list[np.ndarray] | None:
-    """Inputs for a quick comparison: normal floats, or small integers for index inputs."""
+def probe_batch(model: Any, rows: int = PROBE_ROWS, seed: int = 0) -> Any | None:
+    """Inputs for a quick comparison, in the structure the model takes (a dict for KerasHub's
+    `token_ids` and `padding_mask`): normal floats; small integers for index inputs (valid for
+    any Embedding); ones for a mask; a length of PROBE_LENGTH where the model leaves one open
+    (a sequence). None: the model has no inputs to read (a subclassed model never called)."""
     try:
         inputs = list(model.inputs)
     except (AttributeError, ValueError):
@@ -229,21 +234,44 @@ def probe_batch(model: Any, rows: int = PROBE_ROWS, seed: int = 0) -> list[np.nd
     rng = np.random.default_rng(seed)
     batch = []
     for spec in inputs:
-        shape = (rows, *tuple(spec.shape)[1:])
-        if any(d is None for d in shape):
-            return None
+        shape = (rows, *(PROBE_LENGTH if d is None else d for d in tuple(spec.shape)[1:]))
         dtype = np.dtype(getattr(spec, "dtype", "float32"))
-        if np.issubdtype(dtype, np.integer):
-            batch.append(rng.integers(0, 2, size=shape).astype(dtype))  # valid for any Embedding
+        if "mask" in str(getattr(spec, "name", "")) or dtype == np.bool_:
+            batch.append(np.ones(shape, dtype))  # every position real
+        elif np.issubdtype(dtype, np.integer):
+            batch.append(rng.integers(0, 2, size=shape).astype(dtype))
         else:
             batch.append(rng.standard_normal(shape).astype(dtype))
-    return batch
+    structure = getattr(model, "_inputs_struct", None)
+    if structure is not None and not isinstance(structure, (list, tuple)):
+        return keras.tree.pack_sequence_as(structure, batch)  # a dict, as the model takes
+    return batch[0] if len(batch) == 1 else batch
 
 
-def _predict(model: Any, batch: list[np.ndarray], backend: Any) -> list[np.ndarray]:
+def _predict(model: Any, batch: Any, backend: Any) -> list[np.ndarray]:
     with backend.reading(model):
-        out = model(batch[0] if len(batch) == 1 else batch, training=False)
+        out = model(batch, training=False)
     return [np.asarray(o) for o in keras.tree.flatten(out)]
+
+
+def _compared(model: Any, copy: Any, name: str, backend: Any) -> float | None:
+    """The largest prediction difference between the trained model and its copy on a probe
+    batch; None where no probe can be made, or the trained model itself refuses the probe's
+    made-up input (a length its layers cannot take)."""
+    probe = probe_batch(copy)
+    if probe is None:
+        return None
+    try:
+        ours = _predict(model, probe, backend)
+    except Exception:  # noqa: BLE001 - the made-up input, not the copy, is wrong for it
+        return None
+    try:
+        theirs = _predict(copy, probe, backend)
+    except Exception as exc:  # noqa: BLE001 - the model takes it and its copy does not
+        raise SyncError(f"the CPU copy of {name!r} fails on an input the trained model takes "
+                        f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+                        "its get_config() does not describe the trained model") from None
+    return max(float(np.max(np.abs(a - b))) if a.size else 0.0 for a, b in zip(ours, theirs))
 
 
 def sync_to_cpu(model: Any, *, name: str, as_name: str,
@@ -283,11 +311,7 @@ def sync_to_cpu(model: Any, *, name: str, as_name: str,
     except ValueError as exc:
         raise SyncError(f"the CPU copy of {name!r} does not take its weights ({exc}); its "
                         "get_config() does not describe the trained model") from None
-    probe = probe_batch(new)
-    diff = None
-    if probe is not None:
-        ours, theirs = _predict(model, probe, backend), _predict(new, probe, backend)
-        diff = max(float(np.max(np.abs(a - b))) if a.size else 0.0 for a, b in zip(ours, theirs))
+    diff = _compared(model, new, name, backend)
     saved = None
     if path is not None and adapters:
         saved = lora.save_adapters(model, path, name)  # its own trainable variables
