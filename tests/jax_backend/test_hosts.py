@@ -20,11 +20,29 @@ FIT = ("history = cnn.fit(images[:203], y[:203], batch_size=32, epochs=2, shuffl
        "six = cnn.predict(images[:6])\n")
 
 
+GRAIN_FIT = (
+    "import grain\n"
+    "def rows(start, stop):\n"
+    "    return grain.MapDataset.source(list(range(start, stop))).map(\n"
+    "        lambda i: (images[i], y[i])).batch(32)\n"
+    "history = cnn.fit(rows(0, 203), epochs=2, validation_data=rows(203, 316))\n"
+    "evaluation = cnn.evaluate(rows(203, 316), return_dict=True)\n")
+UNSEEDED = CNN.replace("keras.utils.set_random_seed(0)\n", "")
+UNSEEDED_DRAW = 1234
+
+
 @pytest.fixture(scope="module")
 def hosts(ip):
     one = train(ip, CNN + FIT)  # first on this one process of 8 devices
     expected = {"history": ip.user_ns["history"].history, "evaluation": ip.user_ns["evaluation"],
                 "six": ip.user_ns["six"], "report": one}
+    # an unseeded cell, from the seed the hosts will be given (UNSEEDED_DRAW): what every
+    # engine does before its cell
+    ip.run_cell(f"keras.utils.set_random_seed({UNSEEDED_DRAW})")
+    train(ip, UNSEEDED + FIT)
+    expected["unseeded"] = ip.user_ns["history"].history
+    train(ip, CNN + GRAIN_FIT)  # a dataset: 203 = 6×32 + 11, a short last batch
+    expected["grain"] = (ip.user_ns["history"].history, ip.user_ns["evaluation"])
     started = time.monotonic()
     connected = ip.run_line_magic("tpu_connect", "--simulate 2x4 --no-panel")
     expected["connect_seconds"] = time.monotonic() - started
@@ -81,13 +99,18 @@ def test_an_error_on_a_cell_line_names_the_line_and_the_hosts_once(ip, hosts):
         train(ip, CNN + "cnn.fit(images[:64], y[:64], batch_size=30)")  # tpu_magic's own check
 
 
-def test_an_unseeded_cell_builds_the_same_model_on_every_host(ip, hosts, capsys):
+def test_an_unseeded_cell_builds_the_same_model_on_every_host(ip, hosts, capsys, monkeypatch):
     # issue 32: a model built without a seed (what nearly every notebook does) failed on
     # every host: each process drew its own weights ("not the same on each process")
-    unseeded = CNN.replace("keras.utils.set_random_seed(0)\n", "")
-    assert unseeded != CNN
-    report = train(ip, unseeded + FIT)
+    from tpu_magic.hosts import run
+
+    # the notebook's draw for this cell, known so that one process can repeat it
+    monkeypatch.setattr(run, "_draw_seed", lambda: UNSEEDED_DRAW)
+    assert UNSEEDED != CNN
+    report = train(ip, UNSEEDED + FIT)
     assert report.replicas == 8 and report.evaluations
+    for key, values in hosts[1]["unseeded"].items():  # as one process of 8 devices
+        assert report.history.history[key] == pytest.approx(values, rel=1e-5), key
     # the notes process 0 said are said here too: the report under the cell counts them
     said = capsys.readouterr().out
     assert report.notes and all(note in said for note in report.notes)
@@ -97,6 +120,18 @@ def test_an_unseeded_cell_builds_the_same_model_on_every_host(ip, hosts, capsys)
                           return_dict=True, verbose=0)
     for key, value in report.evaluations[-1].items():
         assert again[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+
+
+def test_a_dataset_on_hosts_gives_one_processs_numbers(ip, hosts):
+    # issue 32: every host read the whole dataset and fed it as its own part, so each
+    # global batch held every sample once per host. Now each host keeps its own rows of
+    # every batch (a short last batch, whole on every device), in the dataset's order.
+    report = train(ip, CNN + GRAIN_FIT)
+    history, evaluation = hosts[1]["grain"]
+    for key, values in history.items():  # validation too
+        assert report.history.history[key] == pytest.approx(values, rel=1e-5), key
+    for key, value in evaluation.items():
+        assert report.evaluations[0][key] == pytest.approx(value, rel=1e-5), key
 
 
 def test_checkpoints_are_written_once_and_every_host_resumes(ip, hosts, tmp_path):
@@ -138,5 +173,27 @@ def test_a_host_killed_mid_fit_ends_the_cell_naming_it_and_the_next_connect_work
     assert time.monotonic() - started < 3 + 10
     again = ip.run_line_magic("tpu_connect", "--simulate 2x2 --no-panel")
     assert "2 hosts × 2 devices" in again.summary()
+    report = train(ip, CNN + "cnn.fit(images[:64], y[:64], batch_size=16, epochs=1)")
+    assert report.replicas == 4 and report.epochs == 1
+
+
+def test_a_host_stuck_outside_the_step_is_named_within_the_timeout_and_the_next_connect_works(
+        ip, hosts):
+    # issue 32: an engine alive but busy for ever (or hung) held the others in the step's
+    # collective, and the cell waited with them for ever
+    from tpu_magic.core import process
+
+    ip.run_line_magic("tpu_connect", "--simulate 2x2 --timeout 8 --no-panel")
+    stuck = (CNN + "import jax, time\n"
+             "if jax.process_index() == 1:\n"
+             "    time.sleep(3600)  # busy for ever, after the model is built\n"
+             "cnn.fit(images[:64], y[:64], batch_size=16, epochs=1)\n")
+    started = time.monotonic()
+    with pytest.raises(UsageError, match=r"host 1 \(.*\) made no progress for 8 s, while the "
+                                         r"other hosts waited for it inside the step"):
+        train(ip, stuck)
+    assert time.monotonic() - started < 8 + 30
+    assert process.hosts() is None  # stopped: the next connect starts anew
+    ip.run_line_magic("tpu_connect", "--simulate 2x2 --no-panel")
     report = train(ip, CNN + "cnn.fit(images[:64], y[:64], batch_size=16, epochs=1)")
     assert report.replicas == 4 and report.epochs == 1

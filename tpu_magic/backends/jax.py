@@ -479,13 +479,14 @@ class JaxBackend(Named):
         """Any batched input (tf.data, grain, KerasHub's own pipelines, a `PyDataset`, a
         generator) read by Keras's own adapter, one batch for one (`keras_inputs.whole_batches`):
         short batches padded and masked where the model's loss takes the mask, else run as
-        they are, whole on every device where the mesh's data rows do not divide them."""
-        from tpu_magic.backends.jax_data import data_rows
+        they are, whole on every device where the mesh's data rows do not divide them. On
+        several hosts each host feeds its own rows of every batch (`jax_data.process_share`)."""
+        from tpu_magic.backends.jax_data import data_rows, process_share
         from tpu_magic.backends.keras_inputs import whole_batches
 
         rows = data_rows(strategy)
         return whole_batches(data, rows, masked, shuffle=shuffle, class_weight=class_weight,
-                             steps=steps, keep=keep), True
+                             steps=steps, keep=keep, share=process_share(rows)), True
 
     def dataset_batch_size(self, data: Any) -> int | None:
         return None

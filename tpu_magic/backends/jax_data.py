@@ -9,7 +9,7 @@ Epoch `e`'s order depends only on (seed, e), so a resumed run sees the same orde
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import keras
 import numpy as np
@@ -153,6 +153,23 @@ def own_rows(batch: np.ndarray) -> np.ndarray:
     import jax
 
     return batch[jax.process_index() * part:(jax.process_index() + 1) * part]
+
+
+def process_share(rows: int) -> Callable[[Any], Any] | None:
+    """What of each whole batch of a user's dataset this process gives Keras: on several
+    hosts, every host reads every batch (in the dataset's order, as one process would) and
+    keeps its own rows of it, as for arrays (`own_rows`), or the whole batch, marked
+    `WholeRows`, where the mesh's data rows do not divide it. None in one process."""
+    if _processes() == 1:
+        return None
+
+    def share(batch: Any) -> Any:
+        x = keras.utils.unpack_x_y_sample_weight(batch)[0]
+        if num_samples(x) % rows:
+            return keras.tree.map_structure(lambda v: np.asarray(v).view(WholeRows), batch)
+        return keras.tree.map_structure(lambda v: own_rows(np.asarray(v)), batch)
+
+    return share
 
 
 def _processes() -> int:

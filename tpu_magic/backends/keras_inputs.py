@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import keras
 import numpy as np
@@ -62,7 +62,7 @@ def whole(batch: Any, rows: int, full: int, masked: bool, cut: bool = False
 
 def whole_batches(data: Any, rows: int, masked: bool, shuffle: bool = False,
                   class_weight: Any = None, steps: int | None = None, keep: int = 1,
-                  cut: bool = False) -> Any:
+                  cut: bool = False, share: Callable[[Any], Any] | None = None) -> Any:
     """A user's batched input (a tf.data or grain dataset, a `PyDataset`, a generator, a
     KerasHub task's own pipeline) as Keras reads it, with each batch made whole (`whole`).
 
@@ -70,7 +70,9 @@ def whole_batches(data: Any, rows: int, masked: bool, shuffle: bool = False,
     the order plain Keras would (a `PyDataset`'s indices shuffled by `shuffle` as Keras
     does, a stream in its own order), a one-shot generator is read once, and `class_weight`
     is applied as Keras applies it. Nothing is read ahead of Keras. The first `keep`
-    batches of each pass are kept (`first`), for the first-step parity check. On
+    batches of each pass are kept (`first`), for the first-step parity check. `share`:
+    what of each whole batch this process gives Keras (several hosts: its own rows; the
+    batches kept, `peek` and the batch size stay the global batch's). On
     TensorFlow (`cut`) the batches come as a tf.data dataset from a generator, typed from
     Keras's own, that Keras distributes.
     """
@@ -110,7 +112,7 @@ def whole_batches(data: Any, rows: int, masked: bool, shuffle: bool = False,
                 self.reading[1] += 1
                 if len(self.fed) < keep:
                     self.fed.append(batch)
-                yield batch
+                yield batch if share is None else share(batch)
 
         def first(self, k: int) -> list:
             return self.fed[:k]

@@ -1,20 +1,27 @@
-"""One live progress bar in the notebook, fed by process 0 of several hosts.
+"""One live progress bar in the notebook, fed by process 0 of several hosts, and the watch
+for a host that holds the others up.
 
 On an engine, `PublishedBar` stands in for tqdm (the cell's `FitProgress` draws on it as on
-any bar) and publishes its state with ipyparallel's own data channel (`publish_data`);
-in the notebook, `MirroredBars` draws the same bars with a real tqdm class from what
-process 0 published last.
+any bar; every engine draws, even under --no-progress) and publishes its state with
+ipyparallel's own data channel (`publish_data`); in the notebook, `MirroredBars` draws the
+same bars with a real tqdm class from what process 0 published last, and `StallWatch` reads
+what every engine published to find a host the others wait for.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Sequence
 
 PUBLISH_EVERY = 0.25  # seconds between an engine's updates (closing and resetting always go)
+# The batch bar's name until a fit's first step ends: training.progress.COMPILING, written
+# out so that the notebook's process need not import Keras (a unit test keeps them equal).
+COMPILING = "compiling…"
 _ids = itertools.count()
 _state: dict[int, dict] = {}  # this engine's bars of its cell (it runs one at a time)
+_where: dict[str, Any] = {"calls": 0, "inside": None}  # Keras calls begun; the one running
 _last = [0.0]
 
 
@@ -53,18 +60,38 @@ class PublishedBar:
         _state[self.id] = {"total": self.total, "desc": self.desc, "unit": self.unit,
                            "n": self.n, "postfix": {k: str(v) for k, v in self.postfix.items()},
                            "closed": self.closed}
-        now = time.monotonic()
-        if force or now - _last[0] >= PUBLISH_EVERY:
-            _last[0] = now
-            from ipyparallel.datapub import publish_data
+        _publish(force)
 
-            publish_data({"bars": dict(_state), "time": time.time()})
+
+def _publish(force: bool = False) -> None:
+    """This engine's bars and where its cell is, to the notebook (at most every
+    PUBLISH_EVERY seconds unless `force`)."""
+    now = time.monotonic()
+    if force or now - _last[0] >= PUBLISH_EVERY:
+        _last[0] = now
+        from ipyparallel.datapub import publish_data
+
+        publish_data({"bars": dict(_state), **_where, "time": time.time()})
 
 
 def start_cell() -> None:
     """Forgets the bars of the engine's previous cell (a cell's closed bars stay published
     until the next: the notebook may look only after they closed)."""
     _state.clear()
+    _where.update(calls=0, inside=None)
+
+
+@contextlib.contextmanager
+def in_call(name: str) -> Iterator[None]:
+    """Around each Keras call of the cell (`TrainingCell`'s `watch`): the notebook learns
+    that this engine entered it, and left it, at once (`StallWatch`)."""
+    _where.update(calls=_where["calls"] + 1, inside=name)
+    _publish(force=True)
+    try:
+        yield
+    finally:
+        _where["inside"] = None
+        _publish(force=True)
 
 
 class MirroredBars:
@@ -98,3 +125,38 @@ class MirroredBars:
         for key, bar in self.bars.items():
             if key not in self.done:
                 bar.close()
+
+
+class StallWatch:
+    """Finds the hosts that hold the others up: `timeout` seconds in which no engine published
+    anything new while some are inside a Keras call of the cell (`fit`, `evaluate`,
+    `predict`: from there on they wait in collectives for the rest). Not while every host
+    runs the cell's own code outside those calls (a download, a model being built), nor
+    while every host compiles a first step (minutes on a big model)."""
+
+    def __init__(self, hosts: int, timeout: float, now: float):
+        self.timeout = timeout
+        self.seen: list[Any] = [None] * hosts
+        self.changed = now
+
+    def stuck(self, published: Sequence[Any], now: float) -> list[int]:
+        """Indexes of the hosts to name (empty: none is stuck). `published`: each engine's
+        last published data, in the hosts' order."""
+        states = [p if isinstance(p, dict) else {} for p in published]
+        stamps = [state.get("time") for state in states]
+        if stamps != self.seen:
+            self.seen, self.changed = stamps, now
+            return []
+        if now - self.changed < self.timeout:
+            return []
+        inside = [state.get("inside") is not None for state in states]
+        if not any(inside):
+            return []
+        bars = [[bar for _, bar in sorted(state.get("bars", {}).items()) if not bar["closed"]]
+                for state in states]
+        if all(any(bar["desc"] == COMPILING for bar in open_bars) for open_bars in bars):
+            return []
+        # how far each got: calls begun, then done with it or not, then epoch and batch
+        where = [(state.get("calls", 0), not within, *(bar["n"] for bar in open_bars))
+                 for state, within, open_bars in zip(states, inside, bars)]
+        return [i for i, at in enumerate(where) if at == min(where)]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 import sys
+import time
 import types
 from typing import Any, Callable, MutableMapping
 
@@ -20,7 +21,7 @@ from tpu_magic.core.errors import HostsError
 from tpu_magic.hosts import engine
 from tpu_magic.hosts.cluster import Hosts
 from tpu_magic.hosts.outcome import HostOutcome, failure_message
-from tpu_magic.hosts.progress import MirroredBars
+from tpu_magic.hosts.progress import MirroredBars, StallWatch
 from tpu_magic.training.cell_code import names_in
 
 POLL = 0.2  # seconds between looks at the engines
@@ -38,9 +39,9 @@ def train(hosts: Hosts, line: str, cell: str, namespace: MutableMapping[str, Any
     ids = [e.engine_id for e in hosts.engines]
     view = hosts.client[ids]
     _send(view, hosts, names_in(cell), namespace)
-    # one seed for every host: an unseeded cell builds the same model on each
-    result = view.apply_async(engine.run_cell, line, cell, random.SystemRandom().randrange(2**31))
+    result = view.apply_async(engine.run_cell, line, cell, _draw_seed())
     bars = MirroredBars(bar_class if progress else None)
+    watch = StallWatch(len(ids), hosts.timeout, time.monotonic())
     try:
         while not result.ready():
             result.wait(POLL)
@@ -48,13 +49,16 @@ def train(hosts: Hosts, line: str, cell: str, namespace: MutableMapping[str, Any
             bars.show(data[0] if data else None)
             dead = hosts.dead()
             if dead:
-                process.set_hosts(None)  # the engines go with it; the next connect starts anew
-                hosts.stop()
+                _stop(hosts)
                 raise HostsError(
                     ", ".join(e.label for e in dead) + " ended mid-cell (its process is gone). "
                     "The other hosts were stopped too: they wait for it in every step. "
                     "Connect again (`%tpu_connect ...`) and re-run the cell; with "
                     "--checkpoint DIR --resume it goes on from the last epoch saved.")
+            stuck = watch.stuck(data or [], time.monotonic())
+            if stuck:
+                _stop(hosts)
+                raise HostsError(_stuck_message(hosts, stuck))
         bars.show(result.data[0] if result.data else None)
     except KeyboardInterrupt:
         hosts.interrupt()  # each host stops at its next batch, as one host does
@@ -78,6 +82,31 @@ def train(hosts: Hosts, line: str, cell: str, namespace: MutableMapping[str, Any
     for note in report.notes:  # said on process 0 as they came; the report under counts them
         print(f"note: {note}")
     return report
+
+
+def _draw_seed() -> int:
+    """One seed a cell for every host, so an unseeded cell builds the same model on each
+    (`engine.run_cell`); fresh each cell, as an unseeded notebook's draws are."""
+    return random.SystemRandom().randrange(2**31)
+
+
+def _stop(hosts: Hosts) -> None:
+    """Ends the connection with its hosts (a host stuck in a collective answers nothing)."""
+    process.set_hosts(None)  # the engines go with it; the next connect starts anew
+    hosts.stop()
+
+
+def _stuck_message(hosts: Hosts, stuck: list[int]) -> str:
+    named = ", ".join(hosts.engines[i].label for i in stuck)
+    every = len(stuck) == len(hosts.engines)
+    return (f"{named} made no progress for {hosts.timeout:g} s"
+            + (" (every host: a hang in a collective)" if every else
+               ", while the other hosts waited for it inside the step (an engine busy or hung "
+               "outside it)")
+            + ". The hosts were stopped, since none can go on without the others. Connect "
+            "again (`%tpu_connect ...`) and re-run the cell (with --checkpoint DIR --resume it "
+            "goes on from the last epoch saved); if it was only slow, connect with a larger "
+            "--timeout")
 
 
 def _send(view: Any, hosts: Hosts, names: set[str], namespace: MutableMapping[str, Any]) -> None:

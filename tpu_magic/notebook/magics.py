@@ -68,7 +68,9 @@ class TpuMagics(Magics, Configurable):
     @argument("--hosts", metavar="PROFILE[/CLUSTER_ID]",
               help="several hosts: a running ipyparallel cluster, one engine a host")
     @argument("--timeout", type=float, metavar="SECONDS",
-              help="seconds a TPU node may take to answer (default: TpuMagics.timeout, 30)")
+              help="seconds a TPU node may take to answer (default: TpuMagics.timeout, 30); "
+                   "with hosts, seconds the engines may take to join and a cell may go without "
+                   "progress on any host (default 120)")
     @argument("--check", action="store_true",
               help="device check: devices, memory, versions, measured matmul TFLOP/s")
     @argument("--backend", default="auto", metavar="tf|jax|auto",
@@ -331,7 +333,9 @@ class TpuMagics(Magics, Configurable):
             options = TrainOptions(batch_size=args.batch_size, epochs=args.epochs,
                                    scale_lr=args.scale_lr,
                                    steps_per_execution=args.steps_per_execution,
-                                   progress=not args.no_progress, checkpoint=args.checkpoint,
+                                   # an engine always draws: the notebook watches its bars
+                                   progress=not args.no_progress or _on_an_engine(),
+                                   checkpoint=args.checkpoint,
                                    keep=2 if args.keep is None else args.keep,
                                    resume=args.resume,
                                    shard=args.shard or self.shard or None, mesh=args.mesh,
@@ -341,7 +345,8 @@ class TpuMagics(Magics, Configurable):
                                    measured_tflops=(workspace.check.measured_tflops
                                                     if workspace.check is not None else None))
             training = TrainingCell(session(), options, self.shell.user_ns, bar=_progress_bar(),
-                                    view=workspace.panel, agreed=frozenset(workspace.agreed))
+                                    view=workspace.panel, agreed=frozenset(workspace.agreed),
+                                    watch=_call_watch())
             # `!cmd` and `%magic` lines become Python here, so names are read from this code.
             code = self.shell.transform_cell(cell)
             # Compiled under IPython's cache name, so a traceback shows the cell's own lines.
@@ -521,12 +526,27 @@ def _device_line(current) -> str:
     return " · ".join(parts + ([str(memory)] if memory else []))
 
 
+def _on_an_engine() -> bool:
+    """Whether this process is an engine of several hosts (`hosts.engine` marks them)."""
+    from tpu_magic.hosts.engine import PROGRESS_VARIABLE
+
+    return bool(os.environ.get(PROGRESS_VARIABLE))
+
+
+def _call_watch():
+    """On an engine of several hosts, what tells the notebook where the cell is (see
+    `TrainingCell`'s `watch`); None elsewhere."""
+    if not _on_an_engine():
+        return None
+    from tpu_magic.hosts.progress import in_call
+
+    return in_call
+
+
 def _progress_bar():
     """tqdm's notebook widget bar where widgets can show, else its text bar; on an engine of
     several hosts, a bar the notebook draws (`hosts.progress`)."""
-    from tpu_magic.hosts.engine import PROGRESS_VARIABLE
-
-    if os.environ.get(PROGRESS_VARIABLE):
+    if _on_an_engine():
         from tpu_magic.hosts.progress import PublishedBar
 
         return PublishedBar

@@ -14,7 +14,7 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, MutableMapping
+from typing import Any, Callable, ContextManager, Iterator, MutableMapping
 
 import keras
 
@@ -105,7 +105,8 @@ class TrainingCell:
     def __init__(self, connection: Connection, options: TrainOptions,
                  namespace: MutableMapping[str, Any], say: Callable[[str], None] = print,
                  bar: Any = None, view: TrainingView | None = None,
-                 agreed: frozenset = frozenset()):
+                 agreed: frozenset = frozenset(),
+                 watch: Callable[[str], ContextManager[Any]] | None = None):
         # --shard model: the cell trains on a mesh (data rows, model columns) of the devices
         connection, self.mesh = sharding.connection_for(connection, options.shard, options.mesh)
         self.connection = connection
@@ -126,6 +127,9 @@ class TrainingCell:
         self.flops = utilization.FlopCounts(connection.backend)
         self.verified = False  # the cell's first fit ran the parity check (or skipped it)
         self.agreed = agreed
+        # around each Keras call the cell makes (an engine of several hosts tells the
+        # notebook where it is: `hosts.progress.in_call`)
+        self.watch = watch or (lambda name: contextlib.nullcontext())
 
     def run(self, execute: Callable[[], Any], cell: str) -> TrainReport:
         """Rewraps the models the cell names, then runs it with the strategy in force."""
@@ -215,6 +219,10 @@ class TrainingCell:
 
     def route(self, name: str, model: Any, call: dict, named: set) -> Any:
         """`model.<name>(...)` through tpu_magic (see `routing`)."""
+        with self.watch(name):
+            return self._route(name, model, call, named)
+
+    def _route(self, name: str, model: Any, call: dict, named: set) -> Any:
         self._follow_users_distribution()
         if built_outside(model, self.connection):
             self._place(model)
