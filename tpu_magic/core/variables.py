@@ -92,12 +92,17 @@ def frozen_weights(model: Any) -> set[int]:
     return found
 
 
-def saved_weights(model: Any) -> list[Any]:
-    """The weights a checkpoint holds: all of them, less those training never changes
-    (`frozen_weights`: the model that loads them has them already). The non-trainable state
-    that does change (BatchNorm statistics of trainable layers, seed generators) is kept."""
+def changing_weights(model: Any) -> list[Any]:
+    """The weights training may change: all of them, less `frozen_weights` (the model that
+    loads them has those already). The trainable ones, and the non-trainable state that
+    changes with them (BatchNorm statistics of trainable layers)."""
     frozen = frozen_weights(model)
-    return [w for w in model.weights if id(w) not in frozen] + seed_states(model)
+    return [w for w in model.weights if id(w) not in frozen]
+
+
+def saved_weights(model: Any) -> list[Any]:
+    """The weights a checkpoint holds: `changing_weights`, and the seed generators' states."""
+    return changing_weights(model) + seed_states(model)
 
 
 def seed_states(model: Any) -> list[Any]:

@@ -16,7 +16,7 @@ import h5py
 import numpy as np
 
 from tpu_magic.core.atomic import atomic_path
-from tpu_magic.core.variables import frozen_weights
+from tpu_magic.core.variables import changing_weights
 from tpu_magic.core.errors import SyncError
 
 SUFFIX = ".adapters.h5"
@@ -44,7 +44,7 @@ def adapters_path(text: str) -> Path:
 def save_adapters(model: Any, path: Path, name: str) -> tuple[int, int]:
     """Writes what the model trains to `path` (gathered, float as trained): its trainable
     variables and the state that changes with them (the BatchNorm statistics of a trainable
-    layer), never a frozen layer's weights or LoRA's bases (`core.variables.frozen_weights`).
+    layer), never a frozen layer's weights or LoRA's bases (`core.variables.changing_weights`).
 
     Returns:
         (bytes written, bytes of all the model's weights).
@@ -53,8 +53,7 @@ def save_adapters(model: Any, path: Path, name: str) -> tuple[int, int]:
         SyncError: the model has no adapters (most of it trains), or the file cannot be
             written.
     """
-    frozen = frozen_weights(model)
-    trainable = [w for w in model.weights if id(w) not in frozen]
+    trainable = changing_weights(model)
     whole = sum(int(np.prod(w.shape)) * np.dtype(w.dtype).itemsize for w in model.weights)
     saved = sum(int(np.prod(w.shape)) * np.dtype(w.dtype).itemsize for w in trainable)
     if not trainable or saved >= ADAPTER_SHARE * whole:
