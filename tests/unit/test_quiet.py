@@ -75,3 +75,20 @@ def test_grains_note_on_kerashubs_read_options_stays_out_of_every_cell_after_loa
         assert "prefetch_buffer_size=8" in logged(note, 8, 16)
     finally:
         shell.run_line_magic("load_ext", "tpu_magic")
+
+
+def test_where_tensorflow_cannot_be_imported_a_training_cell_holds_nothing_back():
+    # Colab's TPU image: nothing can load TensorFlow, so the cell's native stderr (an XLA
+    # warning, or an abort's last words) goes out as it is written
+    code = textwrap.dedent(f"""
+        import os, sys
+        from tpu_magic.notebook.quiet import tensorflow_load_notes_dropped
+        with tensorflow_load_notes_dropped():
+            os.write(2, {ONEDNN!r})
+            os._exit(3)  # the process dies inside the cell
+    """)
+    root = Path(__file__).resolve().parents[2]
+    blocked = f"{root / 'tests' / 'without_tensorflow'}{os.pathsep}{root}"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": blocked})
+    assert done.returncode == 3 and done.stderr == ONEDNN

@@ -124,9 +124,10 @@ def only_jax_reaches_the_tpu(installed: Mapping[str, str]) -> bool:
     return "tensorflow-tpu" not in installed and "jax" in installed
 
 
-def tensorflow_loaded() -> bool:
-    """Whether TensorFlow is imported in this process (by anything: Keras, KerasHub, grain)."""
-    return "tensorflow" in sys.modules
+def tensorflow_may_load() -> bool:
+    """Whether something may still import TensorFlow in this process (Keras, KerasHub, grain):
+    it is not imported yet, and it can be."""
+    return "tensorflow" not in sys.modules and "tensorflow" in importable_modules(("tensorflow",))
 
 
 def importable_modules(names: Iterable[str] = ("tensorflow", "jax")) -> frozenset[str]:

@@ -62,15 +62,14 @@ def native_load_notes_dropped() -> Iterator[None]:
 
 
 def tensorflow_load_notes_dropped() -> contextlib.AbstractContextManager[None]:
-    """For a training cell: `native_load_notes_dropped` while TensorFlow is not loaded yet,
-    since the cell may load it (KerasHub and grain import it on Kaggle's JAX image, where
-    tensorflow-cpu sits beside JAX); nothing once it is. The native stderr the cell writes
-    comes back when the cell ends."""
-    from tpu_magic.backends import tensorflow_loaded
+    """For a training cell: `native_load_notes_dropped` while TensorFlow is not loaded yet
+    and can be, since the cell may load it (KerasHub and grain import it on Kaggle's JAX
+    image, where tensorflow-cpu sits beside JAX); nothing once it is, or where it cannot be
+    (Colab's TPU image), so the cell's native stderr is not held back there. Where it is
+    held, it comes back when the cell ends."""
+    from tpu_magic.backends import tensorflow_may_load
 
-    if tensorflow_loaded():
-        return contextlib.nullcontext()
-    return native_load_notes_dropped()
+    return native_load_notes_dropped() if tensorflow_may_load() else contextlib.nullcontext()
 
 
 def _flush_native_stderr() -> None:
