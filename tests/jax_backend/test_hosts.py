@@ -5,6 +5,7 @@ sends each `%%tpu_train` cell to both. Every result is compared with the same ce
 one process of 8 devices."""
 
 import os
+import re
 import threading
 import time
 
@@ -13,7 +14,7 @@ import pytest
 from IPython.core.error import UsageError
 
 import tpu_magic
-from test_jax_backend import CNN, train
+from test_jax_backend import CNN, SHARDED, train
 
 FIT = ("history = cnn.fit(images[:203], y[:203], batch_size=32, epochs=2, shuffle=False)\n"
        "evaluation = cnn.evaluate(images[203:316], y[203:316], return_dict=True)\n"
@@ -29,6 +30,26 @@ GRAIN_FIT = (
     "evaluation = cnn.evaluate(rows(203, 316), return_dict=True)\n")
 UNSEEDED = CNN.replace("keras.utils.set_random_seed(0)\n", "")
 UNSEEDED_DRAW = 1234
+SHARDED_FIVE = SHARDED + "five = sharded.predict(tokens[:5], verbose=0)\n"
+LIMIT = "TPU_MAGIC_DEVICE_MEMORY_BYTES"
+
+
+def _sharded(ip, expected):
+    """The sharded model's runs on this one process, for the hosts to equal: each mesh, and
+    `--shard auto` on a device too small for data parallelism."""
+    for mesh in ("1x8", "2x4"):
+        train(ip, SHARDED_FIVE, f"--no-progress --shard model --mesh {mesh}")
+        expected[mesh] = (ip.user_ns["history"].history["loss"], ip.user_ns["five"])
+    report = train(ip, SHARDED.replace("epochs=2", "epochs=1"), "--no-progress --shard auto")
+    data_peak = float(report.memory_plan.split()[2])  # "memory plan: X of ..." (GiB)
+    limit = str(int(0.6 * data_peak * 2**30))
+    os.environ[LIMIT] = limit
+    try:
+        report = train(ip, SHARDED, "--no-progress --shard auto")
+    finally:
+        del os.environ[LIMIT]
+    assert report.strategy == "DerivedModelParallel"
+    expected["auto"] = (limit, ip.user_ns["history"].history["loss"], report.memory_plan)
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +64,7 @@ def hosts(ip):
     expected["unseeded"] = ip.user_ns["history"].history
     train(ip, CNN + GRAIN_FIT)  # a dataset: 203 = 6×32 + 11, a short last batch
     expected["grain"] = (ip.user_ns["history"].history, ip.user_ns["evaluation"])
+    _sharded(ip, expected)
     started = time.monotonic()
     connected = ip.run_line_magic("tpu_connect", "--simulate 2x4 --no-panel")
     expected["connect_seconds"] = time.monotonic() - started
@@ -143,8 +165,38 @@ def test_checkpoints_are_written_once_and_every_host_resumes(ip, hosts, tmp_path
     again = train(ip, cell.format(epochs=2), f"--no-progress --checkpoint {tmp_path} --resume")
     assert again.resumed_from == first.checkpoints[0] and len(again.checkpoints) == 1
     assert len(list(tmp_path.glob("ckpt-*.h5"))) == 2
-    with pytest.raises(UsageError, match="do not span several hosts yet"):
-        train(ip, cell.format(epochs=1), "--no-progress --shard model")
+
+
+@pytest.mark.parametrize("mesh", ["1x8", "2x4"])
+def test_a_model_sharded_across_the_hosts_equals_one_process(ip, hosts, mesh):
+    # issue 32: a slice of two or more hosts (v5e-16, v5p-16) lays a model out over a mesh
+    # whose model columns (1x8) or data rows (2x4) span the processes
+    loss, five = hosts[1][mesh]
+    report = train(ip, SHARDED_FIVE,
+                   f"--no-progress --shard model --mesh {mesh} --plan-for v5e-8")
+    assert report.history.history["loss"] == pytest.approx(loss, rel=1e-4)
+    assert report.replicas == int(mesh[0]) and report.global_batch == 32
+    assert report.sharding[0].startswith(f"sharding: mesh {mesh} (data × model)")
+    per_device, total = (float(v) for v in re.search(
+        r"weights ([\d.]+) MiB per device of ([\d.]+) MiB", report.sharding[0]).groups())
+    assert per_device < total / 2  # split across the hosts' devices, not copied to each
+    assert " of 16 GiB per TPU v5e device (weights " in report.memory_plan  # per chip
+    sync = ip.run_line_magic("tpu_sync", "sharded --as sharded_cpu")  # gathered from both
+    assert "gathered from 2 hosts" in sync.summary()
+    copy = ip.user_ns["sharded_cpu"]
+    np.testing.assert_allclose(copy.predict(ip.user_ns["tokens"][:5], verbose=0), five,
+                               atol=1e-4)
+
+
+def test_shard_auto_on_hosts_chooses_as_one_process(ip, hosts):
+    limit, loss, plan = hosts[1]["auto"]
+    cell = (f"import os\nos.environ[{LIMIT!r}] = {limit!r}  # a small device, on each host\n"
+            "try:\n" + "".join(f"    {line}\n" for line in SHARDED.strip().splitlines())
+            + f"finally:\n    del os.environ[{LIMIT!r}]\n")
+    report = train(ip, cell, "--no-progress --shard auto")
+    assert report.strategy == "DerivedModelParallel"
+    assert report.memory_plan.split(";")[-1] == plan.split(";")[-1]  # the same mesh chosen
+    assert report.history.history["loss"] == pytest.approx(loss, rel=1e-4)
 
 
 def test_a_host_killed_mid_fit_ends_the_cell_naming_it_and_the_next_connect_works(ip, hosts):

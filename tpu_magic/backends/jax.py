@@ -481,12 +481,13 @@ class JaxBackend(Named):
         short batches padded and masked where the model's loss takes the mask, else run as
         they are, whole on every device where the mesh's data rows do not divide them. On
         several hosts each host feeds its own rows of every batch (`jax_data.process_share`)."""
-        from tpu_magic.backends.jax_data import data_rows, process_share
+        from tpu_magic.backends.jax_data import process_share, row_split
         from tpu_magic.backends.keras_inputs import whole_batches
 
-        rows = data_rows(strategy)
-        return whole_batches(data, rows, masked, shuffle=shuffle, class_weight=class_weight,
-                             steps=steps, keep=keep, share=process_share(rows)), True
+        split = row_split(strategy)
+        return whole_batches(data, split.rows, masked, shuffle=shuffle,
+                             class_weight=class_weight, steps=steps, keep=keep,
+                             share=process_share(split)), True
 
     def dataset_batch_size(self, data: Any) -> int | None:
         return None
@@ -518,7 +519,8 @@ class JaxBackend(Named):
         devices = list(connection.strategy.device_mesh.devices.flatten())
         mesh = keras.distribution.DeviceMesh((rows, columns), ["batch", "model"], devices)
         distribution = _model_parallel_class()(
-            layout_map=keras.distribution.LayoutMap(mesh), batch_dim_name="batch")
+            layout_map=keras.distribution.LayoutMap(mesh), batch_dim_name="batch",
+            auto_shard_dataset=False)  # each host feeds its own rows (`jax_data.row_split`)
         return dataclasses.replace(connection, strategy=distribution, replicas=rows)
 
     def reshard(self, model: Any, connection: Connection) -> None:

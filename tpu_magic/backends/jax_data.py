@@ -9,6 +9,7 @@ Epoch `e`'s order depends only on (seed, e), so a resumed run sees the same orde
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import keras
@@ -34,18 +35,20 @@ class PaddedBatches(keras.utils.PyDataset):
             and runs whole on every device, see `Backend.replica_steps`) or "drop" (left
             out).
         labelled: whether batches carry targets and weights (False: inputs only).
-        rows: the data rows of the mesh: a batch they divide is split between the processes
-            (`own_rows`); a short one they do not is given whole to every process
-            (`WholeRows`).
+        split: the mesh's data rows and this process's share of them: a batch they divide is
+            split between the processes (`RowSplit.mine`); a short one they do not is given
+            whole to every process (`WholeRows`).
 
     With padding, batches carry `exactness`'s packed sample weight, as in `tf_data`.
     """
 
     def __init__(self, x: Any, y: Any = None, sample_weight: Any = None, *, batch: int,
                  shuffle: bool = False, seed: int = 0, first_epoch: int = 0,
-                 remainder: str = "pad", labelled: bool = True, rows: int = 1):
+                 remainder: str = "pad", labelled: bool = True,
+                 split: RowSplit | None = None):
         super().__init__()
-        self.x, self.y, self.sample_weight, self.rows = x, y, sample_weight, rows
+        self.x, self.y, self.sample_weight = x, y, sample_weight
+        self.split = split or RowSplit()
         self.batch, self.shuffle, self.seed, self.labelled = batch, shuffle, seed, labelled
         self.samples = num_samples(x)
         drop = remainder == "drop"
@@ -66,8 +69,8 @@ class PaddedBatches(keras.utils.PyDataset):
     def __getitem__(self, i: int) -> tuple:
         index = self.order[i * self.batch:(i + 1) * self.batch]
         real_share = float(np.mean(index >= 0))  # of the whole batch, on every process
-        whole = len(index) % self.rows != 0  # a short batch, given whole to every process
-        index = index if whole else own_rows(index)
+        whole = len(index) % self.split.rows != 0  # a short batch, given whole to every process
+        index = index if whole else self.split.mine(index)
         real = index >= 0
         safe = np.where(real, index, 0)
 
@@ -104,7 +107,7 @@ def train_pipeline(x: Any, y: Any, sample_weight: Any, batch: int, shuffle: bool
     """
     data = PaddedBatches(x, y, sample_weight, batch=batch, shuffle=shuffle,
                          seed=new_seed() if seed is None else seed, first_epoch=first_epoch,
-                         remainder=remainder, rows=data_rows(strategy))
+                         remainder=remainder, split=row_split(strategy))
     return Pipeline(data, data.steps, data.samples, data.pad, left_out=data.left_out,
                     first=lambda k: [data[i] for i in range(min(k, data.steps))])
 
@@ -113,7 +116,7 @@ def eval_pipeline(x: Any, y: Any, sample_weight: Any, batch: int, strategy: Any 
                   remainder: str = "pad") -> Pipeline:
     """One ordered pass for `evaluate`, the last batch padded, short or left out."""
     data = PaddedBatches(x, y, sample_weight, batch=batch, remainder=remainder,
-                         rows=data_rows(strategy))
+                         split=row_split(strategy))
     return Pipeline(data, data.steps, data.samples, data.pad, left_out=data.left_out)
 
 
@@ -123,7 +126,7 @@ def predict_pipeline(x: Any, batch: int, strategy: Any = None,
     (or the last batch is short)."""
     data = PaddedBatches(x, batch=batch, labelled=False,
                          remainder="short" if remainder == "short" else "pad",
-                         rows=data_rows(strategy))
+                         split=row_split(strategy))
     return Pipeline(data, data.steps, data.samples, data.pad)
 
 
@@ -135,39 +138,70 @@ class WholeRows(np.ndarray):
 
 def data_rows(distribution: Any) -> int:
     """How many parts a batch is split into: the size of the distribution's batch axis."""
+    return row_split(distribution).rows
+
+
+@dataclasses.dataclass(frozen=True)
+class RowSplit:
+    """A global batch split into `rows` equal parts along the mesh's batch axis, of which
+    this process feeds parts `first` to `first + count - 1` (every part in one process; on
+    several hosts, the parts its devices hold: half each on `2x4`, all of it on each where
+    the batch axis does not span the hosts, as `--shard model --mesh 1x8`)."""
+
+    rows: int = 1
+    first: int = 0
+    count: int = 1
+
+    def mine(self, batch: Any) -> Any:
+        """This process's rows of `batch` (whose length the parts divide)."""
+        if self.count == self.rows:
+            return batch
+        part = len(batch) // self.rows
+        return batch[self.first * part:(self.first + self.count) * part]
+
+
+def row_split(distribution: Any) -> RowSplit:
+    """The distribution's batch axis, and the parts of it this process's devices hold.
+
+    Raises:
+        BatchSizeError: this process's devices are not one run of the batch axis (a mesh
+            tpu_magic does not build).
+    """
     if distribution is None:
-        return 1
+        return RowSplit()
     mesh = distribution.device_mesh
     name = getattr(distribution, "batch_dim_name", None) or mesh.axis_names[0]
-    return int(mesh.shape[list(mesh.axis_names).index(name)]) if name in mesh.axis_names else 1
-
-
-def own_rows(batch: np.ndarray) -> np.ndarray:
-    """This process's rows of a global batch: all of it in one process; across processes
-    (one a host), process p feeds the p-th equal part, and Keras assembles the global batch
-    from the parts (`DataParallel(auto_shard_dataset=False)`)."""
-    count = _processes()
-    if count == 1:
-        return batch
-    part = len(batch) // count
+    if name not in mesh.axis_names:
+        return RowSplit()
+    axis = list(mesh.axis_names).index(name)
+    devices = np.moveaxis(np.asarray(mesh.devices), axis, 0)
+    rows = devices.shape[0]
+    if _processes() == 1:
+        return RowSplit(rows, 0, rows)
     import jax
 
-    return batch[jax.process_index() * part:(jax.process_index() + 1) * part]
+    here = jax.process_index()
+    parts = [i for i in range(rows)
+             if any(d.process_index == here for d in np.ravel(devices[i]))]
+    if not parts or parts != list(range(parts[0], parts[-1] + 1)):
+        raise BatchSizeError(f"process {here}'s devices are not one run of the mesh's "
+                             f"{name!r} axis {mesh.shape}: lay the mesh out host by host")
+    return RowSplit(rows, parts[0], len(parts))
 
 
-def process_share(rows: int) -> Callable[[Any], Any] | None:
+def process_share(split: RowSplit) -> Callable[[Any], Any] | None:
     """What of each whole batch of a user's dataset this process gives Keras: on several
     hosts, every host reads every batch (in the dataset's order, as one process would) and
-    keeps its own rows of it, as for arrays (`own_rows`), or the whole batch, marked
+    keeps its own rows of it (`RowSplit.mine`), as for arrays, or the whole batch, marked
     `WholeRows`, where the mesh's data rows do not divide it. None in one process."""
     if _processes() == 1:
         return None
 
     def share(batch: Any) -> Any:
         x = keras.utils.unpack_x_y_sample_weight(batch)[0]
-        if num_samples(x) % rows:
+        if num_samples(x) % split.rows:
             return keras.tree.map_structure(lambda v: np.asarray(v).view(WholeRows), batch)
-        return keras.tree.map_structure(lambda v: own_rows(np.asarray(v)), batch)
+        return keras.tree.map_structure(lambda v: split.mine(np.asarray(v)), batch)
 
     return share
 

@@ -12,6 +12,8 @@ import socket
 import types
 from typing import Any
 
+import numpy as np
+
 from tpu_magic.hosts.outcome import HostOutcome
 
 PROGRESS_VARIABLE = "TPU_MAGIC_PUBLISH_PROGRESS"  # on an engine: bars go to the notebook
@@ -94,13 +96,22 @@ def cell_line(traceback: Any, cell: str) -> tuple[int, str] | None:
 
 
 def model_state(name: str) -> dict:
-    """The model `name` of this engine's namespace: its Keras config and weights (a
-    replicated array reads whole on every process)."""
+    """The model `name` of this engine's namespace: its Keras config and weights, on process
+    0. Called on every engine at once: a weight sharded across the hosts (`--shard model`
+    with a mesh that spans them) is gathered whole, which takes every process; the others
+    answer only that they took part."""
     from IPython import get_ipython
+    import jax
     import keras
+    from jax.experimental import multihost_utils
 
     model = get_ipython().user_ns.get(name)
     if not isinstance(model, keras.Model):
         return {"missing": True}
+    weights = [np.asarray(value) if value.is_fully_addressable else
+               multihost_utils.process_allgather(value, tiled=True)
+               for value in (v.value for v in model.weights)]
+    if jax.process_index() != 0:
+        return {"gathered": True}
     return {"config": keras.saving.serialize_keras_object(model),
-            "weights": model.get_weights(), "class": type(model).__name__}
+            "weights": weights, "class": type(model).__name__}

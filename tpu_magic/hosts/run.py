@@ -143,15 +143,17 @@ def _framework_object(value: Any) -> bool:
 
 
 def model_state(hosts: Hosts, name: str) -> dict:
-    """Process 0's model `name`: its config and weights (every process holds the same).
+    """Process 0's model `name`: its config and weights, whole (gathered from every host
+    where they are sharded across them).
 
     Raises:
         HostsError: no such model on the hosts, or engine 0 did not answer.
     """
     first = hosts.engines[0]
-    try:
-        state = hosts.client[first.engine_id].apply_async(engine.model_state, name).get(
-            timeout=hosts.timeout)
+    ids = [e.engine_id for e in hosts.engines]
+    try:  # on every engine: a weight sharded across the hosts is gathered by all of them
+        state = hosts.client[ids].apply_async(engine.model_state, name).get(
+            timeout=hosts.timeout)[0]
     except Exception as exc:  # noqa: BLE001
         raise HostsError(f"{first.label} did not give model {name!r} within "
                          f"{hosts.timeout:g} s: {str(exc).splitlines()[0]}") from None

@@ -314,10 +314,6 @@ class TpuMagics(Magics, Configurable):
         if process.hosts() is not None:  # every host runs the cell (multi-controller JAX)
             from tpu_magic.hosts import run
 
-            if (args.shard or self.shard or "data").lower() != "data" or args.mesh:
-                raise UsageError("--shard model/auto and --mesh do not span several hosts yet: "
-                                 "on hosts a cell trains data parallel over every host's "
-                                 "devices (leave --shard out), or connect to one host")
             workspace.report = run.train(process.hosts(), line, cell, self.shell.user_ns,
                                          _progress_bar(), progress=not args.no_progress)
             return workspace.report
