@@ -19,7 +19,7 @@ setup(
         "cpu": [f"tensorflow-cpu{TF_VERSION}"],
         # A TPU VM (Colab v5e-1/v6e-1, Kaggle v5e-8/v6e-8, Cloud TPU VMs): Keras on JAX.
         # Colab's and Kaggle's images already have it; nothing beyond tpu_magic is needed there.
-        "tpu": ["jax[tpu]>=0.4.30"],
+        "tpu": ["jax[tpu]>=0.4.30", "orbax-checkpoint"],
         # TensorFlow's own TPU build, for `--backend tf` on a TPU VM without JAX (never beside
         # JAX's libtpu: the two take the same chips).
         "tf-tpu": [f"tensorflow-tpu{TF_VERSION}"],
@@ -27,19 +27,20 @@ setup(
                  # KerasHub's small-config language models (dev.sh installs keras-hub itself
                  # without its tensorflow-text, which would pull the full tensorflow wheel
                  # beside tensorflow-cpu): what it imports, and grain, its TF-free data loader.
-                 *HUB_LIGHT, "ipyparallel>=8.6"],
+                 *HUB_LIGHT, "ipyparallel>=8.6", "orbax-checkpoint"],
         # KerasHub language models (Gemma, Llama, Qwen, Mistral) for `--shard model`; Kaggle's
         # and Colab's images have it already.
         "hub": ["keras-hub>=0.20", "grain"],
         # Several hosts (`%tpu_connect --hosts/--simulate HxD`): IPython's engines, one a host.
-        "hosts": ["ipyparallel>=8.6", "jax>=0.4.30"],
+        "hosts": ["ipyparallel>=8.6", "jax>=0.4.30", "orbax-checkpoint"],
         # The documentation site (`bash dev.sh docs`): MkDocs, its Material theme, and
         # mkdocs-jupyter for the executed example notebooks.
         "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocs-jupyter>=0.24"],
         # The panel's real-browser test drives Debian's chromium (apt), not a downloaded one.
         "browser": ["jupyterlab>=4", "playwright>=1.40"],
         # Keras on JAX (`%tpu_connect --backend jax`); on a TPU VM: pip install "jax[tpu]".
-        "jax": ["jax>=0.4.30"],
+        # orbax-checkpoint writes the checkpoints of a model split over devices or hosts.
+        "jax": ["jax>=0.4.30", "orbax-checkpoint"],
         # The example notebooks' plots and their stand-in data.
         "examples": ["matplotlib", "scikit-learn"],
     },

@@ -159,12 +159,13 @@ def test_a_dataset_on_hosts_gives_one_processs_numbers(ip, hosts):
 def test_checkpoints_are_written_once_and_every_host_resumes(ip, hosts, tmp_path):
     cell = CNN + "cnn.fit(images[:203], y[:203], batch_size=32, epochs={epochs})"
     first = train(ip, cell.format(epochs=1), f"--no-progress --checkpoint {tmp_path}")
-    assert [p.name for p in sorted(tmp_path.glob("ckpt-*.h5"))] == \
+    # several processes: one orbax checkpoint, to which every host writes its part
+    assert [p.name for p in sorted(tmp_path.glob("ckpt-*"))] == \
         [os.path.basename(p) for p in first.checkpoints]
-    assert len(first.checkpoints) == 1  # process 0 wrote it; host 1 wrote none
+    assert len(first.checkpoints) == 1 and first.checkpoints[0].endswith(".orbax")
     again = train(ip, cell.format(epochs=2), f"--no-progress --checkpoint {tmp_path} --resume")
     assert again.resumed_from == first.checkpoints[0] and len(again.checkpoints) == 1
-    assert len(list(tmp_path.glob("ckpt-*.h5"))) == 2
+    assert len(list(tmp_path.glob("ckpt-*.orbax"))) == 2
 
 
 @pytest.mark.parametrize("mesh", ["1x8", "2x4"])
@@ -186,6 +187,29 @@ def test_a_model_sharded_across_the_hosts_equals_one_process(ip, hosts, mesh):
     copy = ip.user_ns["sharded_cpu"]
     np.testing.assert_allclose(copy.predict(ip.user_ns["tokens"][:5], verbose=0), five,
                                atol=1e-4)
+
+
+def test_a_sharded_model_on_hosts_checkpoints_shard_by_shard_and_resumes(ip, hosts, tmp_path):
+    # issue 32: each process writes its own shards (orbax-checkpoint), never gathering the
+    # model into one; a write cut short never counts
+    line = f"--no-progress --shard model --mesh 1x8 --checkpoint {tmp_path}"
+    first = train(ip, SHARDED.replace("epochs=2", "epochs=1"), line)
+    written = sorted(tmp_path.glob("ckpt-*"))
+    assert [p.name for p in written] == [os.path.basename(p) for p in first.checkpoints]
+    assert written[0].suffix == ".orbax"
+    for process in (0, 1):  # the embedding and kernels are split over both hosts' devices
+        part = written[0] / f"ocdbt.process_{process}"
+        assert sum(f.stat().st_size for f in part.rglob("*") if f.is_file()) > 2**20
+    assert any("MiB by process 0, " in n and "MiB by process 1" in n for n in first.notes)
+
+    # a write a killed process left (orbax's temporary directory) never counts
+    (tmp_path / "ckpt-000002-epoch-0002.orbax.orbax-checkpoint-tmp-17").mkdir()
+    again = train(ip, SHARDED, line + " --resume")
+    assert again.resumed_from == str(written[0])
+    assert not list(tmp_path.glob("*orbax-checkpoint-tmp*"))
+    loss, _ = hosts[1]["1x8"]  # the second epoch, as one process's two-epoch run
+    assert again.history.history["loss"] == pytest.approx(loss[1:], rel=1e-4)
+    assert [os.path.basename(p) for p in again.checkpoints] == ["ckpt-000002-epoch-0002.orbax"]
 
 
 def test_shard_auto_on_hosts_chooses_as_one_process(ip, hosts):

@@ -641,22 +641,37 @@ def test_a_lora_language_models_checkpoints_hold_what_trains_and_resume(ip, tmp_
     # issue 32: with a real vocabulary the frozen embedding is most of the model, and
     # enable_lora freezes it with the norms and every kernel: only LoRA's bases were left
     # out (8.68 MB written for 8.78 MB of weights)
-    from tpu_magic.training.checkpoint_store import read_checkpoint
+    from tpu_magic.backends.jax_checkpoint import ShardWriter
+    from tpu_magic.training.checkpoint_store import describe_shards
 
     cell = (_hub_lm(heads=8, **GEMMA).replace("vocabulary_size=512", "vocabulary_size=32768")
             .replace("rs.randint(1, 512", "rs.randint(1, 32768"))
     line = f"--no-progress --shard model --mesh 2x4 --checkpoint {tmp_path} --keep 1"
     report = train(ip, cell.replace("epochs=2", "epochs=1"), line)
-    written = sorted(tmp_path.glob("ckpt-*.h5"))
-    assert len(written) == 1
-    saved = read_checkpoint(written[0])
+    # a model split over the devices: orbax-checkpoint, each shard written where it lives
+    written = sorted(tmp_path.glob("ckpt-*"))
+    assert [p.suffix for p in written] == [".orbax"]
+    saved = describe_shards(written[0], ShardWriter())
     lm = ip.user_ns["lm"]
     whole = sum(int(np.prod(w.shape)) * 4 for w in lm.weights)
     assert not [n for n in saved.weights.names if "embeddings" in n]
-    assert written[0].stat().st_size < 0.05 * whole, (written[0].stat().st_size, whole)
+    size = sum(f.stat().st_size for f in written[0].rglob("*") if f.is_file())
+    assert size < 0.05 * whole, (size, whole)
     assert any("the checkpoints hold what trains" in n for n in report.notes)
-    resumed = train(ip, cell, line + " --resume")
-    assert resumed.history.epoch == [1]
+    assert any("shard by shard (orbax-checkpoint)" in n for n in report.notes)
+    # a later checkpoint whose shards are damaged is moved aside, and said
+    import shutil
+
+    damaged = tmp_path / "ckpt-000002-epoch-0001.orbax"
+    shutil.copytree(written[0], damaged)
+    for shard in (damaged / "ocdbt.process_0" / "d").iterdir():
+        shard.write_bytes(shard.read_bytes()[:100])
+    # resumed into another mesh (1x8): orbax lays each array out as the model is now
+    resumed = train(ip, cell, line.replace("2x4", "1x8") + " --resume")
+    assert resumed.history.epoch == [1] and resumed.resumed_from == str(written[0])
+    assert (tmp_path / (damaged.name + ".damaged")).is_dir() and not damaged.exists()
+    assert any("moved aside to ckpt-000002-epoch-0001.orbax.damaged" in n
+               for n in resumed.notes)
 
 
 @pytest.mark.parametrize("flags", ["--plan-for v5e-8", "--shard model --mesh 2x4"])

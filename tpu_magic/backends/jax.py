@@ -513,6 +513,16 @@ class JaxBackend(Named):
     def leads(self) -> bool:
         return require_jax().process_index() == 0  # one process a host: process 0 writes
 
+    def shard_writer(self, model: Any) -> Any:
+        from tpu_magic.backends.jax_checkpoint import ShardWriter, wanted
+
+        if model is None:  # to read a checkpoint written shard by shard
+            return ShardWriter()
+        optimizer = getattr(model, "optimizer", None)
+        state = list(model.weights) + (list(optimizer.variables) if optimizer is not None
+                                       and optimizer.built else [])
+        return ShardWriter() if wanted(state) else None
+
     def model_parallel(self, connection: Connection, rows: int, columns: int) -> Connection:
         import keras
 

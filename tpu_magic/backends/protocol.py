@@ -141,6 +141,12 @@ class Backend(Protocol):
         """Whether this process writes the files a run keeps (checkpoints): process 0 of
         several hosts' processes, else the one process."""
 
+    def shard_writer(self, model: Any) -> Any:
+        """What writes this model's checkpoints shard by shard, on every process at once
+        (`backends.jax_checkpoint.ShardWriter`: several hosts, or a model split over the
+        devices), or None: one file, written by the process that `leads`. `model` None: a
+        reader of such checkpoints (None where this backend cannot read them)."""
+
     def replica_sum(self, value: Any) -> Any:
         """`value` summed over the replicas, inside a step (the value itself where a step
         sees the global batch)."""

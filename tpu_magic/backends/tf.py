@@ -264,6 +264,9 @@ class TensorFlowBackend(Named):
     def leads(self) -> bool:
         return True  # one process
 
+    def shard_writer(self, model: Any) -> Any:
+        return None  # one process, its variables whole in it: one HDF5 file
+
     def replica_sum(self, value: Any) -> Any:
         import tensorflow as tf
 

@@ -354,7 +354,8 @@ class TrainingCell:
         seed, resume_from = arrays.new_seed(), None
         if self.checkpoints is not None:
             resume_from = self.checkpoints.resume(
-                call["epochs"], lambda text: self._note(text, "warning: "), self.say)
+                call["epochs"], lambda text: self._note(text, "warning: "), self.say,
+                model, self.connection)
             if resume_from is not None:
                 self.report.resumed_from = str(resume_from.path)
                 seed, call["initial_epoch"] = resume_from.seed, resume_from.epoch

@@ -1,12 +1,16 @@
 """Checkpoints after every epoch, and resuming from them (`--checkpoint DIR`, `--resume`).
 
-A checkpoint is one HDF5 file holding the model's weights, the optimizer's state
-(its iteration count included, so schedules continue), the number of epochs done
-and the seed of the data order. It is written with `atomic_path` (temporary file,
-fsync, rename, fsync of the directory), so a crash at any moment leaves every
-checkpoint that was complete before it readable. Files are named
-`ckpt-SEQUENCE-epoch-EPOCH.h5`; the highest sequence is the newest; the last K *usable*
-ones are kept. Usable means it reads back whole and its weights are finite: a damaged file
+A checkpoint holds the model's weights, the optimizer's state (its iteration count
+included, so schedules continue), the number of epochs done and the seed of the data
+order, in one of two forms:
+- one HDF5 file, `ckpt-SEQUENCE-epoch-EPOCH.h5`, written by the process that leads with
+  `atomic_path` (temporary file, fsync, rename, fsync of the directory);
+- an orbax-checkpoint directory, `ckpt-SEQUENCE-epoch-EPOCH.orbax`, where the weights do
+  not all sit whole in one process (several hosts, `--shard model`): every process writes
+  its own shards (the backend's `shard_writer`), orbax renames the directory into place
+  when all are done, and the write runs while the next epoch trains.
+Either way a crash at any moment leaves every checkpoint that was complete before it
+readable. The highest sequence is the newest; the last K *usable* ones are kept. Usable means it reads back whole and its weights are finite: a damaged file
 is moved aside (`NAME.damaged`) and never counted, and weights that are NaN or Inf are never
 written, so a diverged run cannot prune the finite checkpoints away.
 
@@ -16,9 +20,12 @@ names per process (`dense` vs `dense_3`), and rewrapping renames them too.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
+import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -32,20 +39,26 @@ from tpu_magic.core.errors import CheckpointError
 from tpu_magic.core import variables
 
 FORMAT = "tpu_magic checkpoint 1"
-_NAME = re.compile(r"^ckpt-(\d{6,})-epoch-(\d{4,})\.h5$")
-_ASIDE = re.compile(r"^ckpt-(\d{6,})-epoch-\d{4,}\.h5\.damaged$")
+_NAME = re.compile(r"^ckpt-(\d{6,})-epoch-(\d{4,})\.(?:h5|orbax)$")
+_ASIDE = re.compile(r"^ckpt-(\d{6,})-epoch-\d{4,}\.(?:h5|orbax)\.damaged$")
 _TEMPORARY = re.compile(r"^\.ckpt-\d+-epoch-\d+\.h5\.(\d+)\.tmp$")
+_ORBAX_TEMPORARY = ".orbax-checkpoint-tmp"  # orbax's name for a directory being written
 
 
 @dataclass(frozen=True)
 class Variables:
-    """Named arrays in a fixed order: a model's weights or an optimizer's state."""
+    """Named arrays in a fixed order: a model's weights or an optimizer's state (NumPy from
+    a file; JAX arrays laid out as the model's variables from an orbax checkpoint). `described`:
+    their shapes where the arrays are not read (yet)."""
 
     names: tuple[str, ...]
-    arrays: tuple[np.ndarray, ...]
+    arrays: tuple[Any, ...]
+    described: tuple[tuple[int, ...], ...] | None = None
 
     @property
     def shapes(self) -> list[tuple[int, ...]]:
+        if self.described is not None:
+            return list(self.described)
         return [tuple(a.shape) for a in self.arrays]
 
 
@@ -61,6 +74,11 @@ class Checkpoint:
     optimizer: Variables
     optimizer_class: str
     adapters_only: bool = False  # what never trains (frozen layers, LoRA's bases) left out
+    sharded: bool = False  # an orbax directory, each process's shards written by it
+
+
+class OtherModel(CheckpointError):
+    """A checkpoint written for another model: said, never moved aside."""
 
 
 @dataclass
@@ -148,8 +166,8 @@ def mismatch(saved: Variables, current: Sequence[Any], what: str) -> str | None:
 
     Only the variables' shapes are read, not their values.
     """
-    if len(saved.arrays) != len(current):
-        return f"the checkpoint has {len(saved.arrays)} {what}, the model has {len(current)}"
+    if len(saved.names) != len(current):
+        return f"the checkpoint has {len(saved.names)} {what}, the model has {len(current)}"
     for i, (old, variable) in enumerate(zip(saved.shapes, current)):
         new = tuple(variable.shape)
         if old != new:
@@ -164,6 +182,22 @@ def restore(model: Any, checkpoint: Checkpoint, strategy: Any) -> None:
     Raises:
         CheckpointError: the model is not built, or has another architecture or optimizer.
     """
+    with strategy.scope():
+        check_fits(model, checkpoint, strategy)
+        for variable, array in zip(variables.saved_weights(model), checkpoint.weights.arrays):
+            variable.assign(array)
+        if checkpoint.optimizer.names:
+            for variable, array in zip(model.optimizer.variables, checkpoint.optimizer.arrays):
+                variable.assign(array)
+
+
+def check_fits(model: Any, checkpoint: Checkpoint, strategy: Any) -> None:
+    """Raises `OtherModel` where the checkpoint was written for another model (its shapes,
+    frozen weights or optimizer differ); builds the model's optimizer to compare.
+
+    Raises:
+        CheckpointError: the model is not built.
+    """
     where = checkpoint.path.name
     if not model.built:
         raise CheckpointError(
@@ -173,28 +207,77 @@ def restore(model: Any, checkpoint: Checkpoint, strategy: Any) -> None:
     with strategy.scope():
         if optimizer is not None and not optimizer.built:
             optimizer.build(model.trainable_variables)
-        saved = variables.saved_weights(model)
-        problem = mismatch(checkpoint.weights, saved, "weights")
-        if problem is None and checkpoint.adapters_only != bool(variables.frozen_weights(model)):
-            problem = ("one of the two has frozen layers or LoRA and the other not: "
-                       "checkpoints leave out the weights that never train")
-        if problem is None and checkpoint.optimizer.arrays:
-            optimizer_class = type(optimizer).__name__ if optimizer is not None else ""
-            if checkpoint.optimizer_class != optimizer_class:
-                problem = (f"the checkpoint's optimizer is {checkpoint.optimizer_class}, the "
-                           f"model's is {optimizer_class}")
-            else:
-                problem = mismatch(checkpoint.optimizer, optimizer.variables,
-                                   "optimizer variables")
-        if problem:
-            raise CheckpointError(
-                f"cannot resume from {where}: it was written for another model ({problem}). "
-                "Use the model that wrote it, or another --checkpoint directory.")
-        for variable, array in zip(saved, checkpoint.weights.arrays):
-            variable.assign(array)
-        if checkpoint.optimizer.arrays:
-            for variable, array in zip(optimizer.variables, checkpoint.optimizer.arrays):
-                variable.assign(array)
+    problem = mismatch(checkpoint.weights, variables.saved_weights(model), "weights")
+    if problem is None and checkpoint.adapters_only != bool(variables.frozen_weights(model)):
+        problem = ("one of the two has frozen layers or LoRA and the other not: "
+                   "checkpoints leave out the weights that never train")
+    if problem is None and checkpoint.optimizer.names:
+        optimizer_class = type(optimizer).__name__ if optimizer is not None else ""
+        if checkpoint.optimizer_class != optimizer_class:
+            problem = (f"the checkpoint's optimizer is {checkpoint.optimizer_class}, the "
+                       f"model's is {optimizer_class}")
+        else:
+            problem = mismatch(checkpoint.optimizer, optimizer.variables,
+                               "optimizer variables")
+    if problem:
+        raise OtherModel(
+            f"cannot resume from {where}: it was written for another model ({problem}). "
+            "Use the model that wrote it, or another --checkpoint directory.")
+
+
+# -- an orbax directory ----------------------------------------------------------------------
+
+def _meta(epoch: int, seed: int, sequence: int, chosen: list, slots: list,
+          optimizer_class: str, adapters_only: bool) -> dict:
+    return {"format": FORMAT, "epoch": epoch, "seed": seed, "sequence": sequence,
+            "optimizer_class": optimizer_class, "keras_version": keras.__version__,
+            "adapters_only": adapters_only,
+            "weights": [w.path for w in chosen], "weight_shapes": [list(w.shape) for w in chosen],
+            "optimizer": [v.path for v in slots], "optimizer_shapes": [list(v.shape) for v in slots]}
+
+
+def describe_shards(path: Path, reader: Any) -> Checkpoint:
+    """An orbax checkpoint's names, shapes and counters, its arrays not read.
+
+    Raises:
+        CheckpointError: it is damaged or not a tpu_magic checkpoint.
+    """
+    try:
+        meta = reader.meta(path)
+    except Exception as exc:  # noqa: BLE001 - orbax reports damage in many types
+        raise CheckpointError(f"{path.name} is unreadable ({type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0] if str(exc) else ''})") from exc
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"{path.name} is not a tpu_magic checkpoint")
+
+    def described(names: str, shapes: str) -> Variables:
+        return Variables(tuple(meta[names]), (), tuple(tuple(s) for s in meta[shapes]))
+
+    return Checkpoint(path, int(meta["sequence"]), int(meta["epoch"]), int(meta["seed"]),
+                      described("weights", "weight_shapes"),
+                      described("optimizer", "optimizer_shapes"), str(meta["optimizer_class"]),
+                      bool(meta["adapters_only"]), sharded=True)
+
+
+def read_shards(path: Path, reader: Any, model: Any, strategy: Any) -> Checkpoint:
+    """An orbax checkpoint read into arrays laid out as the model's variables are now (each
+    process reading its own shards; another mesh works).
+
+    Raises:
+        OtherModel: it was written for another model.
+        CheckpointError: it is damaged.
+    """
+    described = describe_shards(path, reader)
+    check_fits(model, described, strategy)
+    slots = list(model.optimizer.variables) if described.optimizer.names else []
+    try:
+        weights, optimizer = reader.read(path, variables.saved_weights(model), slots)
+    except Exception as exc:  # noqa: BLE001
+        raise CheckpointError(f"{path.name} is unreadable ({type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0] if str(exc) else ''})") from exc
+    return dataclasses.replace(
+        described, weights=Variables(described.weights.names, tuple(weights)),
+        optimizer=Variables(described.optimizer.names, tuple(optimizer)))
 
 
 # -- the directory ---------------------------------------------------------------------------
@@ -216,6 +299,11 @@ class CheckpointStore:
         self._usable: set[str] = set()  # names known to read back whole and finite
         # frozen layers or LoRA: (bytes saved, bytes of all the weights)
         self.adapters: tuple[int, int] | None = None
+        self.writer: Any = None  # the backend's shard writer, once a checkpoint needs one
+        self.leads = True  # this process moves files aside and prunes (process 0 of hosts)
+        # bytes each process wrote into the last orbax checkpoint, and its seconds on the step
+        self.last_write: tuple[dict[int, int], float] | None = None
+        self._started = 0.0
 
     def prepare(self) -> None:
         """Creates the directory and proves it is writable; removes dead writers' leftovers.
@@ -237,6 +325,8 @@ class CheckpointStore:
             match = _TEMPORARY.match(leftover.name)
             if match and not _alive(int(match.group(1))):
                 leftover.unlink(missing_ok=True)
+            elif _ORBAX_TEMPORARY in leftover.name and leftover.is_dir():
+                shutil.rmtree(leftover, ignore_errors=True)  # a write its processes left
 
     def listing(self) -> list[tuple[int, int, Path]]:
         """(sequence, epoch, path) of the checkpoint files, oldest first."""
@@ -249,16 +339,53 @@ class CheckpointStore:
                 found.append((int(match.group(1)), int(match.group(2)), path))
         return sorted(found)
 
-    def newest(self) -> Found:
-        """The newest usable checkpoint; damaged or non-finite newer ones are moved aside."""
+    def newest(self, model: Any = None, connection: Any = None) -> Found:
+        """The newest usable checkpoint; damaged or non-finite newer ones are moved aside.
+        An orbax checkpoint is read into `model`'s layout (needs `model` and `connection`).
+
+        Raises:
+            OtherModel: the newest readable one was written for another model.
+        """
         found = Found(None)
+        if connection is not None:
+            self.leads = connection.backend.leads()
         for _, _, path in reversed(self.listing()):
-            why = self._check(path)
+            if path.suffix == ".orbax" and model is not None:
+                checkpoint, why = self._read_shards(path, model, connection)
+            else:
+                why = self._check(path)
+                checkpoint = read_checkpoint(path) if why is None else None
             if why is None:
-                found.checkpoint = read_checkpoint(path)
+                found.checkpoint = checkpoint
                 return found
             found.skipped.append(why)
         return found
+
+    def _read_shards(self, path: Path, model: Any, connection: Any
+                     ) -> tuple[Checkpoint | None, str | None]:
+        """An orbax checkpoint read on every process, and why it is unusable (None: it is),
+        agreed by all of them; an unusable one is moved aside."""
+        reader = self.writer or connection.backend.shard_writer(None)
+        if reader is None:
+            raise CheckpointError(
+                f"{path.name} was written shard by shard (orbax) by Keras on JAX: resume it "
+                "on JAX (`%tpu_connect --backend jax`), or point --checkpoint elsewhere")
+        checkpoint, why = None, None
+        try:
+            checkpoint = read_shards(path, reader, model, connection.strategy)
+            if not reader.all_finite(checkpoint.weights.arrays):
+                why = f"{path.name} holds weights that are NaN or infinite"
+        except OtherModel:
+            raise
+        except CheckpointError as exc:
+            why = str(exc)
+        if not reader.agree(why is None):  # each process read its own shards
+            why = why or f"{path.name} is unreadable on another host"
+        if why is None:
+            self._usable.add(path.name)
+            return checkpoint, None
+        self._aside(path, why)
+        return None, why
 
     def save(self, model: Any, epoch: int, seed: int, backend: Any) -> Path | None:
         """Writes a checkpoint atomically, then keeps the newest `keep` usable ones.
@@ -269,6 +396,11 @@ class CheckpointStore:
         Raises:
             CheckpointError: it could not be written (the previous checkpoints are intact).
         """
+        self.leads = backend.leads()
+        writer = self.writer or backend.shard_writer(model)
+        if writer is not None:
+            self.writer = writer
+            return self._save_shards(model, epoch, seed)
         weights, optimizer, optimizer_class = state_of(model, backend)
         if not_finite(weights.arrays):
             return None
@@ -276,12 +408,7 @@ class CheckpointStore:
         if adapters_only:  # what a full checkpoint would weigh, for the note
             self.adapters = (sum(a.nbytes for a in weights.arrays),
                              sum(int(np.prod(w.shape)) * 4 for w in model.weights))
-        if not self.directory.is_dir():  # a lost mount (Drive), or removed while training
-            raise CheckpointError(
-                f"the checkpoint after epoch {epoch} could not be written: the --checkpoint "
-                f"directory {self.directory} is gone (an unmounted drive, or removed while the "
-                "cell trained). Training stopped; the model keeps its weights. Mount it again "
-                "or choose another --checkpoint directory, then re-run the cell with --resume.")
+        self._require_directory(epoch)
         listing = self.listing()
         sequence = max([n for n, _, _ in listing] + self._aside_sequences(), default=0) + 1
         target = self.directory / f"ckpt-{sequence:06d}-epoch-{epoch:04d}.h5"
@@ -300,6 +427,71 @@ class CheckpointStore:
         self._prune()
         return target
 
+    def writes_here(self, model: Any, backend: Any) -> bool:
+        """Whether this process calls `save`: every process where checkpoints are written
+        shard by shard, else the one that leads."""
+        return backend.leads() or (self.writer or backend.shard_writer(model)) is not None
+
+    def _require_directory(self, epoch: int) -> None:
+        if not self.directory.is_dir():  # a lost mount (Drive), or removed while training
+            raise CheckpointError(
+                f"the checkpoint after epoch {epoch} could not be written: the --checkpoint "
+                f"directory {self.directory} is gone (an unmounted drive, or removed while the "
+                "cell trained). Training stopped; the model keeps its weights. Mount it again "
+                "or choose another --checkpoint directory, then re-run the cell with --resume.")
+
+    def _save_shards(self, model: Any, epoch: int, seed: int) -> Path | None:
+        """Starts an orbax checkpoint on every process (the one before it finished first,
+        then the older ones pruned); None where the weights are not finite."""
+        writer = self.writer
+        self.finish()
+        chosen = variables.saved_weights(model)
+        if not writer.all_finite([w.value for w in chosen]):
+            return None
+        optimizer = getattr(model, "optimizer", None)
+        slots = list(optimizer.variables) if optimizer is not None and optimizer.built else []
+        adapters_only = bool(variables.frozen_weights(model))
+        if adapters_only:
+            self.adapters = (sum(int(np.prod(w.shape)) * w.value.dtype.itemsize for w in chosen),
+                             sum(int(np.prod(w.shape)) * 4 for w in model.weights))
+        self._require_directory(epoch)
+        sequence = writer.from_process_0(max(
+            [n for n, _, _ in self.listing()] + self._aside_sequences(), default=0) + 1)
+        target = self.directory / f"ckpt-{sequence:06d}-epoch-{epoch:04d}.orbax"
+        started = time.perf_counter()
+        try:
+            writer.save(target, chosen, slots, _meta(
+                epoch, seed, sequence, chosen, slots,
+                type(optimizer).__name__ if optimizer is not None else "", adapters_only))
+        except Exception as exc:  # noqa: BLE001 - orbax's own errors, OSError among them
+            raise CheckpointError(
+                f"the checkpoint after epoch {epoch} could not be written to {target} "
+                f"({type(exc).__name__}: {exc}). Training stopped; the model keeps its "
+                "weights. Free space or choose another --checkpoint directory, then re-run "
+                "the cell with --resume.") from exc
+        self._started = time.perf_counter() - started
+        return target
+
+    def finish(self) -> None:
+        """Waits for an orbax checkpoint still being written, then keeps the newest `keep`.
+
+        Raises:
+            CheckpointError: it could not be completed.
+        """
+        if self.writer is None or self.writer.pending is None:
+            return
+        try:
+            done = self.writer.finish()
+        except Exception as exc:  # noqa: BLE001
+            raise CheckpointError(
+                f"the checkpoint {self.writer.pending or ''} could not be completed "
+                f"({type(exc).__name__}: {exc}). Training stopped; the model keeps its "
+                "weights. Free space or choose another --checkpoint directory, then re-run "
+                "the cell with --resume.") from exc
+        self._usable.add(done.name)
+        self.last_write = (self.writer.bytes_by_process(done), self._started)
+        self._prune()
+
     def _aside_sequences(self) -> list[int]:
         """Sequences of moved-aside files: a new checkpoint never reuses one's number."""
         return [int(m.group(1)) for m in map(_ASIDE.match, os.listdir(self.directory)) if m]
@@ -316,25 +508,37 @@ class CheckpointStore:
             if self._check(path) is not None:
                 continue
             kept += 1
-            if kept > self.keep:
-                path.unlink(missing_ok=True)
+            if kept > self.keep and self.leads:
+                shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
                 self._usable.discard(path.name)
 
     def _check(self, path: Path) -> str | None:
-        """Why `path` is unusable (it is then moved aside, and said in `moved_aside`)."""
+        """Why `path` is unusable (it is then moved aside, and said in `moved_aside`); an
+        orbax directory by its metadata alone (its arrays are read on resume)."""
         if path.name in self._usable:
             return None
-        why = unusable(path)
+        if path.suffix == ".orbax":
+            why = None
+            try:
+                describe_shards(path, self.writer) if self.writer else None
+            except CheckpointError as exc:
+                why = str(exc)
+        else:
+            why = unusable(path)
         if why is None:
             self._usable.add(path.name)
             return None
+        self._aside(path, why)
+        return why
+
+    def _aside(self, path: Path, why: str) -> None:
         aside = path.with_name(path.name + ".damaged")
         try:
-            os.replace(path, aside)
+            if self.leads:  # on several hosts process 0 moves it, once
+                os.replace(path, aside)
         except OSError:
             aside = path
         self.moved_aside.append(f"{why}: moved aside to {aside.name}")
-        return why
 
 
 def _alive(pid: int) -> bool:

@@ -49,13 +49,15 @@ class ResumePoint:
     warnings: list[str] = field(default_factory=list)
 
 
-def resume_point(store: CheckpointStore, epochs: int) -> ResumePoint:
-    """--resume: the newest checkpoint that reads back whole, and where training goes on.
+def resume_point(store: CheckpointStore, epochs: int, model: Any = None,
+                 connection: Any = None) -> ResumePoint:
+    """--resume: the newest checkpoint that reads back whole, and where training goes on
+    (an orbax one read into `model` as it is laid out on `connection`).
 
     Raises:
         CheckpointError: checkpoints exist but none reads back whole.
     """
-    found = store.newest()
+    found = store.newest(model, connection)
     warnings = [f"{moved}; using the checkpoint before it" for moved in store.take_moved_aside()]
     checkpoint = found.checkpoint
     if checkpoint is None:
@@ -99,6 +101,14 @@ def cut_short_note(saver: Checkpointing, store: CheckpointStore) -> str | None:
             + (f" (the newest is {newest[-1][2].name})" if newest else ""))
 
 
+def shards_note(by_process: dict[int, int], seconds: float) -> str:
+    """What the last orbax checkpoint took: each process's bytes, the step's wait."""
+    parts = ", ".join(f"{by_process[p] / 2**20:.2f} MiB by process {p}" for p in sorted(by_process))
+    return (f"checkpoints are written shard by shard (orbax-checkpoint), each process its own "
+            f"part: {parts} for the last one; training waited {seconds:.2f} s for it, the rest "
+            "was written while the next epoch trained")
+
+
 # -- during fit ------------------------------------------------------------------------------
 
 class Checkpointing(keras.callbacks.Callback):
@@ -125,14 +135,17 @@ class Checkpointing(keras.callbacks.Callback):
         if self.resume_from is not None:
             restore(self.model, self.resume_from, self.connection.strategy)
 
+    def on_train_end(self, logs=None):
+        self.store.finish()  # an orbax checkpoint still being written
+
     def on_epoch_end(self, epoch, logs=None):
         # Called first among the callbacks: a stop requested already came from a batch
         # hook or Ctrl-C, so this epoch ended early and is not a complete one.
         if self.model.stop_training:
             self.cut_short = epoch + 1
             return
-        if not self.connection.backend.leads():  # several hosts: process 0 writes, once
-            return
+        if not self.store.writes_here(self.model, self.connection.backend):
+            return  # several hosts, one file: process 0 writes it, once
         written = self.store.save(self.model, epoch + 1, self.seed, self.connection.backend)
         if written is None:
             self.not_finite.append(epoch + 1)
@@ -152,13 +165,13 @@ class CellCheckpoints:
         self.store = open_store(directory, keep, resume)
         self._resume_pending = resume
 
-    def resume(self, epochs: int, warn: Callable[[str], None],
-               say: Callable[[str], None]) -> Checkpoint | None:
+    def resume(self, epochs: int, warn: Callable[[str], None], say: Callable[[str], None],
+               model: Any = None, connection: Any = None) -> Checkpoint | None:
         """The cell's first `fit` continues from the newest checkpoint (None: from the start)."""
         if not self._resume_pending:
             return None
         self._resume_pending = False
-        point = resume_point(self.store, epochs)
+        point = resume_point(self.store, epochs, model, connection)
         for warning in point.warnings:
             warn(warning)
         say(point.message)
@@ -170,8 +183,11 @@ class CellCheckpoints:
     def outcome(self, saver: Checkpointing) -> tuple[list[str], list[str]]:
         """(warnings, notes) about a `fit`'s checkpoints: files moved aside, epochs with NaN
         weights, an epoch cut short."""
+        self.store.finish()  # a fit stopped early may leave one being written
         notes = [n for n in (not_finite_note(saver, self.store),
                              cut_short_note(saver, self.store)) if n]
+        if self.store.last_write and saver.written:
+            notes.append(shards_note(*self.store.last_write))
         if self.store.adapters and saver.written:
             saved, whole = self.store.adapters
             notes.append(f"the checkpoints hold what trains, {saved / 2**20:.2f} MiB of the "
