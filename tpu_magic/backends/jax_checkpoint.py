@@ -12,7 +12,6 @@ naming, `--keep` and damaged checkpoints are `training.checkpoint_store`'s.
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -21,7 +20,6 @@ import numpy as np
 from tpu_magic.core.errors import CheckpointError
 
 SUFFIX = ".orbax"
-_TEMPORARY = ".orbax-checkpoint-tmp"  # orbax's name for a directory being written
 
 
 def wanted(model_variables: Sequence[Any]) -> bool:
@@ -142,10 +140,3 @@ class ShardWriter:
             who = int(part[0].split("_")[-1]) if own else 0
             found[who] = found.get(who, 0) + sum(os.path.getsize(Path(root) / f) for f in files)
         return found
-
-    @staticmethod
-    def remove_leftovers(directory: Path) -> None:
-        """Removes directories orbax was writing when its process died (never complete)."""
-        for leftover in directory.iterdir():
-            if _TEMPORARY in leftover.name and leftover.is_dir():
-                shutil.rmtree(leftover, ignore_errors=True)

@@ -10,9 +10,10 @@ order, in one of two forms:
   its own shards (the backend's `shard_writer`), orbax renames the directory into place
   when all are done, and the write runs while the next epoch trains.
 Either way a crash at any moment leaves every checkpoint that was complete before it
-readable. The highest sequence is the newest; the last K *usable* ones are kept. Usable means it reads back whole and its weights are finite: a damaged file
-is moved aside (`NAME.damaged`) and never counted, and weights that are NaN or Inf are never
-written, so a diverged run cannot prune the finite checkpoints away.
+readable. The highest sequence is the newest; the last K *usable* ones are kept. Usable
+means it reads back whole and its weights are finite: a damaged file is moved aside
+(`NAME.damaged`) and never counted, and weights that are NaN or Inf are never written, so a
+diverged run cannot prune the finite checkpoints away.
 
 Variables are matched by position and shape, not by name: Keras numbers its layer
 names per process (`dense` vs `dense_3`), and rewrapping renames them too.
@@ -74,7 +75,6 @@ class Checkpoint:
     optimizer: Variables
     optimizer_class: str
     adapters_only: bool = False  # what never trains (frozen layers, LoRA's bases) left out
-    sharded: bool = False  # an orbax directory, each process's shards written by it
 
 
 class OtherModel(CheckpointError):
@@ -245,8 +245,7 @@ def describe_shards(path: Path, reader: Any) -> Checkpoint:
     try:
         meta = reader.meta(path)
     except Exception as exc:  # noqa: BLE001 - orbax reports damage in many types
-        raise CheckpointError(f"{path.name} is unreadable ({type(exc).__name__}: "
-                              f"{str(exc).splitlines()[0] if str(exc) else ''})") from exc
+        raise _unreadable(path, exc) from exc
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"{path.name} is not a tpu_magic checkpoint")
 
@@ -256,7 +255,12 @@ def describe_shards(path: Path, reader: Any) -> Checkpoint:
     return Checkpoint(path, int(meta["sequence"]), int(meta["epoch"]), int(meta["seed"]),
                       described("weights", "weight_shapes"),
                       described("optimizer", "optimizer_shapes"), str(meta["optimizer_class"]),
-                      bool(meta["adapters_only"]), sharded=True)
+                      bool(meta["adapters_only"]))
+
+
+def _unreadable(path: Path, exc: Exception) -> CheckpointError:
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    return CheckpointError(f"{path.name} is unreadable ({type(exc).__name__}: {first})")
 
 
 def read_shards(path: Path, reader: Any, model: Any, strategy: Any) -> Checkpoint:
@@ -273,8 +277,7 @@ def read_shards(path: Path, reader: Any, model: Any, strategy: Any) -> Checkpoin
     try:
         weights, optimizer = reader.read(path, variables.saved_weights(model), slots)
     except Exception as exc:  # noqa: BLE001
-        raise CheckpointError(f"{path.name} is unreadable ({type(exc).__name__}: "
-                              f"{str(exc).splitlines()[0] if str(exc) else ''})") from exc
+        raise _unreadable(path, exc) from exc
     return dataclasses.replace(
         described, weights=Variables(described.weights.names, tuple(weights)),
         optimizer=Variables(described.optimizer.names, tuple(optimizer)))
@@ -397,32 +400,25 @@ class CheckpointStore:
             CheckpointError: it could not be written (the previous checkpoints are intact).
         """
         self.leads = backend.leads()
-        writer = self.writer or backend.shard_writer(model)
-        if writer is not None:
-            self.writer = writer
+        if self._writer_for(model, backend) is not None:
             return self._save_shards(model, epoch, seed)
         weights, optimizer, optimizer_class = state_of(model, backend)
         if not_finite(weights.arrays):
             return None
         adapters_only = bool(variables.frozen_weights(model))
         if adapters_only:  # what a full checkpoint would weigh, for the note
-            self.adapters = (sum(a.nbytes for a in weights.arrays),
-                             sum(int(np.prod(w.shape)) * 4 for w in model.weights))
+            self.adapters = _share(sum(a.nbytes for a in weights.arrays), model)
         self._require_directory(epoch)
         listing = self.listing()
-        sequence = max([n for n, _, _ in listing] + self._aside_sequences(), default=0) + 1
+        sequence = self._next_sequence(listing)
         target = self.directory / f"ckpt-{sequence:06d}-epoch-{epoch:04d}.h5"
         try:
             with atomic_path(target) as temporary:
                 _write_file(temporary, epoch, seed, sequence, weights, optimizer, optimizer_class,
                             adapters_only)
         except OSError as exc:
-            raise CheckpointError(
-                f"the checkpoint after epoch {epoch} could not be written to {target} "
-                f"({exc.strerror or exc}). Training stopped; the model keeps its weights"
-                + (f" and {listing[-1][2].name} is intact" if listing else "")
-                + ". Free space or choose another --checkpoint directory, then re-run the "
-                "cell with --resume.") from exc
+            raise _not_written(f"after epoch {epoch} could not be written to {target}",
+                               exc.strerror or exc, listing) from exc
         self._usable.add(target.name)
         self._prune()
         return target
@@ -430,7 +426,13 @@ class CheckpointStore:
     def writes_here(self, model: Any, backend: Any) -> bool:
         """Whether this process calls `save`: every process where checkpoints are written
         shard by shard, else the one that leads."""
-        return backend.leads() or (self.writer or backend.shard_writer(model)) is not None
+        return backend.leads() or self._writer_for(model, backend) is not None
+
+    def _writer_for(self, model: Any, backend: Any) -> Any:
+        """The shard writer, made once a checkpoint of this model needs one (None: files)."""
+        if self.writer is None:
+            self.writer = backend.shard_writer(model)
+        return self.writer
 
     def _require_directory(self, epoch: int) -> None:
         if not self.directory.is_dir():  # a lost mount (Drive), or removed while training
@@ -452,11 +454,10 @@ class CheckpointStore:
         slots = list(optimizer.variables) if optimizer is not None and optimizer.built else []
         adapters_only = bool(variables.frozen_weights(model))
         if adapters_only:
-            self.adapters = (sum(int(np.prod(w.shape)) * w.value.dtype.itemsize for w in chosen),
-                             sum(int(np.prod(w.shape)) * 4 for w in model.weights))
+            self.adapters = _share(sum(int(np.prod(w.shape)) * w.value.dtype.itemsize
+                                       for w in chosen), model)
         self._require_directory(epoch)
-        sequence = writer.from_process_0(max(
-            [n for n, _, _ in self.listing()] + self._aside_sequences(), default=0) + 1)
+        sequence = writer.from_process_0(self._next_sequence(self.listing()))
         target = self.directory / f"ckpt-{sequence:06d}-epoch-{epoch:04d}.orbax"
         started = time.perf_counter()
         try:
@@ -464,11 +465,8 @@ class CheckpointStore:
                 epoch, seed, sequence, chosen, slots,
                 type(optimizer).__name__ if optimizer is not None else "", adapters_only))
         except Exception as exc:  # noqa: BLE001 - orbax's own errors, OSError among them
-            raise CheckpointError(
-                f"the checkpoint after epoch {epoch} could not be written to {target} "
-                f"({type(exc).__name__}: {exc}). Training stopped; the model keeps its "
-                "weights. Free space or choose another --checkpoint directory, then re-run "
-                "the cell with --resume.") from exc
+            raise _not_written(f"after epoch {epoch} could not be written to {target}",
+                               f"{type(exc).__name__}: {exc}") from exc
         self._started = time.perf_counter() - started
         return target
 
@@ -483,18 +481,16 @@ class CheckpointStore:
         try:
             done = self.writer.finish()
         except Exception as exc:  # noqa: BLE001
-            raise CheckpointError(
-                f"the checkpoint {self.writer.pending or ''} could not be completed "
-                f"({type(exc).__name__}: {exc}). Training stopped; the model keeps its "
-                "weights. Free space or choose another --checkpoint directory, then re-run "
-                "the cell with --resume.") from exc
+            raise _not_written(f"{self.writer.pending or ''} could not be completed",
+                               f"{type(exc).__name__}: {exc}") from exc
         self._usable.add(done.name)
         self.last_write = (self.writer.bytes_by_process(done), self._started)
         self._prune()
 
-    def _aside_sequences(self) -> list[int]:
-        """Sequences of moved-aside files: a new checkpoint never reuses one's number."""
-        return [int(m.group(1)) for m in map(_ASIDE.match, os.listdir(self.directory)) if m]
+    def _next_sequence(self, listing: list) -> int:
+        """One past every checkpoint's sequence, moved-aside ones too (never reused)."""
+        aside = [int(m.group(1)) for m in map(_ASIDE.match, os.listdir(self.directory)) if m]
+        return max([n for n, _, _ in listing] + aside, default=0) + 1
 
     def take_moved_aside(self) -> list[str]:
         """What was moved aside since last asked ("why: moved aside to NAME"), said once."""
@@ -539,6 +535,20 @@ class CheckpointStore:
         except OSError:
             aside = path
         self.moved_aside.append(f"{why}: moved aside to {aside.name}")
+
+
+def _not_written(what: str, cause: Any, listing: list | None = None) -> CheckpointError:
+    """A checkpoint that could not be written: what, why, what is intact, what to do."""
+    return CheckpointError(
+        f"the checkpoint {what} ({cause}). Training stopped; the model keeps its weights"
+        + (f" and {listing[-1][2].name} is intact" if listing else "")
+        + ". Free space or choose another --checkpoint directory, then re-run the cell with "
+        "--resume.")
+
+
+def _share(saved: int, model: Any) -> tuple[int, int]:
+    """(bytes a checkpoint holds, bytes of all the model's weights in float32), for the note."""
+    return saved, sum(int(np.prod(w.shape)) * 4 for w in model.weights)
 
 
 def _alive(pid: int) -> bool:
