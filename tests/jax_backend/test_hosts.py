@@ -6,6 +6,7 @@ one process of 8 devices."""
 
 import os
 import re
+import shutil
 import threading
 import time
 
@@ -210,6 +211,20 @@ def test_a_sharded_model_on_hosts_checkpoints_shard_by_shard_and_resumes(ip, hos
     loss, _ = hosts[1]["1x8"]  # the second epoch, as one process's two-epoch run
     assert again.history.history["loss"] == pytest.approx(loss[1:], rel=1e-4)
     assert [os.path.basename(p) for p in again.checkpoints] == ["ckpt-000002-epoch-0002.orbax"]
+
+    # a later checkpoint damaged on one host only (process 1's shards): process 0 reads its
+    # own shards whole, yet every host agrees the checkpoint is unusable; it is moved aside
+    # and said, and the cell resumes from the one before (it used to end in orbax's barrier)
+    damaged = tmp_path / "ckpt-000003-epoch-0003.orbax"
+    shutil.copytree(tmp_path / "ckpt-000002-epoch-0002.orbax", damaged)
+    for shard in (damaged / "ocdbt.process_1" / "d").iterdir():
+        shard.write_bytes(shard.read_bytes()[:100])
+    third = train(ip, SHARDED.replace("epochs=2", "epochs=3"), line + " --resume")
+    assert third.resumed_from == str(tmp_path / "ckpt-000002-epoch-0002.orbax")
+    assert len(third.history.history["loss"]) == 1  # the third epoch alone
+    assert (tmp_path / (damaged.name + ".damaged")).is_dir() and not damaged.exists()
+    assert any("unreadable on another host" in n and f"moved aside to {damaged.name}.damaged"
+               in n for n in third.notes), third.notes
 
 
 def test_shard_auto_on_hosts_chooses_as_one_process(ip, hosts):

@@ -656,7 +656,9 @@ def test_a_lora_language_models_checkpoints_hold_what_trains_and_resume(ip, tmp_
     whole = sum(int(np.prod(w.shape)) * 4 for w in lm.weights)
     assert not [n for n in saved.weights.names if "embeddings" in n]
     size = sum(f.stat().st_size for f in written[0].rglob("*") if f.is_file())
-    assert size < 0.05 * whole, (size, whole)
+    # what trains (LoRA's adapters and their Adam slots) is 0.03x the weights; orbax's OCDBT
+    # files around it vary from run to run (0.036x to 0.062x measured over nine runs)
+    assert size < 0.1 * whole, (size, whole)
     assert any("the checkpoints hold what trains" in n for n in report.notes)
     assert any("shard by shard (orbax-checkpoint)" in n for n in report.notes)
     # a later checkpoint whose shards are damaged is moved aside, and said
@@ -672,6 +674,36 @@ def test_a_lora_language_models_checkpoints_hold_what_trains_and_resume(ip, tmp_
     assert (tmp_path / (damaged.name + ".damaged")).is_dir() and not damaged.exists()
     assert any("moved aside to ckpt-000002-epoch-0001.orbax.damaged" in n
                for n in resumed.notes)
+
+
+def test_a_process_killed_while_orbax_commits_a_checkpoint_resumes_from_the_one_before(tmp_path):
+    """In processes of their own (tests/orbax_kill_run.py): a real SIGKILL inside orbax's
+    commit of epoch 2 (every shard written, the rename not done), then `--resume`."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    tests = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(tests / "without_tensorflow"))
+    for name in ("KERAS_BACKEND", "XLA_FLAGS", "JAX_PLATFORMS"):
+        env.pop(name, None)
+
+    def run(*flags):
+        done = subprocess.run([sys.executable, str(tests / "orbax_kill_run.py"), str(tmp_path),
+                               *flags], env=env, capture_output=True, text=True, timeout=300)
+        said = [line.split() for line in done.stdout.splitlines()]
+        return done, {int(w[1]): float(w[2]) for w in said if w[:1] == ["loss"]}, said
+
+    killed, losses, _ = run("--kill-at-epoch", "2")
+    assert killed.returncode == -9, killed.stdout[-2000:] + killed.stderr[-3000:]
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names[0] == "ckpt-000001-epoch-0001.orbax" and "orbax-checkpoint-tmp" in names[1]
+    resumed, again, said = run("--resume")
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
+    assert ["resumed_from", str(tmp_path / "ckpt-000001-epoch-0001.orbax")] in said
+    assert sorted(again) == [2, 3] and again[2] == pytest.approx(losses[2], rel=1e-5)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [  # --keep 2, the leftover gone
+        "ckpt-000002-epoch-0002.orbax", "ckpt-000003-epoch-0003.orbax"]
 
 
 @pytest.mark.parametrize("flags", ["--plan-for v5e-8", "--shard model --mesh 2x4"])

@@ -48,6 +48,12 @@ class ShardWriter:
                 "orbax-checkpoint (or leave --checkpoint out)") from None
 
         self._checkpointer = ocp.StandardCheckpointer()
+        # reading goes through the handler itself: the checkpointer's `restore` ends in a
+        # barrier of every process, which a process whose read failed never reached, so a
+        # checkpoint damaged on one host held the others there until the run died; here each
+        # process reads on its own and the store agrees on the outcome afterwards
+        self._reader = ocp.StandardCheckpointHandler()
+        self._restore = ocp.args.StandardRestore
         self.pending: Path | None = None
 
     def save(self, path: Path, weights: Sequence[Any], optimizer: Sequence[Any],
@@ -77,7 +83,7 @@ class ShardWriter:
     def read(self, path: Path, weights: Sequence[Any], optimizer: Sequence[Any]
              ) -> tuple[list[Any], list[Any]]:
         """The saved arrays, each laid out as its variable is now (this process reading only
-        its own shards).
+        its own shards, with no barrier: the caller agrees on the outcome, `agree`).
 
         Raises:
             Exception: whatever orbax raises for a damaged checkpoint or other shapes.
@@ -89,8 +95,10 @@ class ShardWriter:
                                                  sharding=v.value.sharding)
                     for i, v in enumerate(variables)}
 
-        restored = self._checkpointer.restore(
-            os.fspath(path), {"weights": target(weights), "optimizer": target(optimizer)})
+        from etils import epath
+
+        restored = self._reader.restore(epath.Path(path), args=self._restore(
+            {"weights": target(weights), "optimizer": target(optimizer)}))
         return ([restored["weights"][str(i)] for i in range(len(weights))],
                 [restored["optimizer"][str(i)] for i in range(len(optimizer))])
 

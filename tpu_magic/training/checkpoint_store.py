@@ -376,14 +376,16 @@ class CheckpointStore:
         checkpoint, why = None, None
         try:
             checkpoint = read_shards(path, reader, model, connection.strategy)
-            if not reader.all_finite(checkpoint.weights.arrays):
-                why = f"{path.name} holds weights that are NaN or infinite"
         except OtherModel:
             raise
         except CheckpointError as exc:
             why = str(exc)
-        if not reader.agree(why is None):  # each process read its own shards
+        # each process read its own shards: all agree on the outcome before the next
+        # collective (the finiteness check spans every process's devices)
+        if not reader.agree(why is None):
             why = why or f"{path.name} is unreadable on another host"
+        elif not reader.all_finite(checkpoint.weights.arrays):
+            why = f"{path.name} holds weights that are NaN or infinite"
         if why is None:
             self._usable.add(path.name)
             return checkpoint, None
