@@ -157,6 +157,36 @@ def test_a_dataset_on_hosts_gives_one_processs_numbers(ip, hosts):
         assert report.evaluations[0][key] == pytest.approx(value, rel=1e-5), key
 
 
+KERASHUB_INPUTS = """
+import grain
+keras.utils.set_random_seed(4)
+rs = np.random.RandomState(3)
+lengths = rs.randint(3, 13, 128)
+padding_mask = np.arange(12)[None, :] < lengths[:, None]
+token_ids = np.where(padding_mask, rs.randint(1, 2000, (128, 12)), 0).astype("int32")
+labels = rs.randint(0, 2, 128)
+ids = keras.Input((12,), dtype="int32", name="token_ids")
+mask = keras.Input((12,), dtype="bool", name="padding_mask")
+pooled = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(2000, 16)(ids), mask=mask)
+classifier = keras.Model({"token_ids": ids, "padding_mask": mask}, keras.layers.Dense(2)(pooled))
+classifier.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+rows = grain.MapDataset.source(list(range(128))).map(
+    lambda i: ({"token_ids": token_ids[i], "padding_mask": padding_mask[i]}, labels[i])).batch(32)
+classifier.fit(rows, epochs=2)
+"""
+
+
+def test_kerashub_dict_inputs_on_hosts_get_tokens_per_second_of_real_tokens(ip, hosts):
+    # issue 32: KerasHub's inputs (token_ids and padding_mask) on several hosts: the real
+    # tokens of the whole batch, not of one host's rows
+    report = train(ip, KERASHUB_INPUTS)
+    lengths = np.random.RandomState(3).randint(3, 13, 128)  # as the cell draws them
+    per_row = lengths[:32].mean()  # the first batch's real tokens a row
+    assert report.samples_per_second and report.replicas == 8
+    assert report.tokens_per_second == pytest.approx(report.samples_per_second * per_row)
+    assert "tokens/s (real tokens, padding left out)" in report.summary()
+
+
 def test_checkpoints_are_written_once_and_every_host_resumes(ip, hosts, tmp_path):
     cell = CNN + "cnn.fit(images[:203], y[:203], batch_size=32, epochs={epochs})"
     first = train(ip, cell.format(epochs=1), f"--no-progress --checkpoint {tmp_path}")
