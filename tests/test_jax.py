@@ -76,3 +76,29 @@ def test_import_keras_before_connect_runs_on_jax_where_tensorflow_cannot_be_impo
     assert lines[0] == ("tpu_magic: Keras will run on JAX (KERAS_BACKEND=jax): TensorFlow, its "
                         "default, cannot be imported here")
     assert "backend: jax" in lines and "connected: jax 2" in lines, run.stdout
+
+
+@pytest.mark.timeout(600)
+def test_a_tf_data_cell_on_hosts_equals_one_process_where_tensorflow_is_installed():
+    # issue 32: Kaggle's TPU image has JAX with tensorflow-cpu, so a cell's tf.data pipeline
+    # (shuffled, mapped, a short last batch, validation and evaluate) runs on every host;
+    # the hosts suite blocks TensorFlow, so this runs in a process of its own
+    # (tests/hosts_tfdata_run.py), TensorFlow importable, Keras on JAX
+    if importlib.util.find_spec("jax") is None or importlib.util.find_spec("ipyparallel") is None:
+        if os.environ.get("TPU_MAGIC_JAX") == "required":
+            pytest.fail("TPU_MAGIC_JAX=required but jax or ipyparallel is not installed")
+        pytest.skip("jax and ipyparallel are not installed (pip install -e '.[hosts]')")
+    import json
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("KERAS_BACKEND", "XLA_FLAGS", "PYTHONPATH")}
+    run = subprocess.run([sys.executable, str(HERE / "hosts_tfdata_run.py")], cwd=HERE,
+                         env=env, capture_output=True, text=True, timeout=540)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    found = json.loads(run.stdout.strip().splitlines()[-1])
+    one, hosts = found["one"], found["hosts"]
+    assert one["replicas"] == hosts["replicas"] == 8
+    for key, values in one["history"].items():  # validation too
+        assert hosts["history"][key] == pytest.approx(values, rel=1e-5), key
+    for key, value in one["evaluation"].items():
+        assert hosts["evaluation"][key] == pytest.approx(value, rel=1e-5), key
