@@ -480,14 +480,16 @@ class JaxBackend(Named):
         generator) read by Keras's own adapter, one batch for one (`keras_inputs.whole_batches`):
         short batches padded and masked where the model's loss takes the mask, else run as
         they are, whole on every device where the mesh's data rows do not divide them. On
-        several hosts each host feeds its own rows of every batch (`jax_data.process_share`)."""
+        several hosts each host feeds its own rows of every batch (`jax_data.process_share`;
+        a tf.data dataset's full batches are cut inside its pipeline)."""
         from tpu_magic.backends.jax_data import process_share, row_split
         from tpu_magic.backends.keras_inputs import whole_batches
 
         split = row_split(strategy)
         return whole_batches(data, split.rows, masked, shuffle=shuffle,
                              class_weight=class_weight, steps=steps, keep=keep,
-                             share=process_share(split)), True
+                             share=process_share(split),
+                             split=split if require_jax().process_count() > 1 else None), True
 
     def dataset_batch_size(self, data: Any) -> int | None:
         return None

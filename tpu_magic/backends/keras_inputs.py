@@ -62,7 +62,8 @@ def whole(batch: Any, rows: int, full: int, masked: bool, cut: bool = False
 
 def whole_batches(data: Any, rows: int, masked: bool, shuffle: bool = False,
                   class_weight: Any = None, steps: int | None = None, keep: int = 1,
-                  cut: bool = False, share: Callable[[Any], Any] | None = None) -> Any:
+                  cut: bool = False, share: Callable[[Any], Any] | None = None,
+                  split: Any = None) -> Any:
     """A user's batched input (a tf.data or grain dataset, a `PyDataset`, a generator, a
     KerasHub task's own pipeline) as Keras reads it, with each batch made whole (`whole`).
 
@@ -72,14 +73,21 @@ def whole_batches(data: Any, rows: int, masked: bool, shuffle: bool = False,
     is applied as Keras applies it. Nothing is read ahead of Keras. The first `keep`
     batches of each pass are kept (`first`), for the first-step parity check. `share`:
     what of each whole batch this process gives Keras (several hosts: its own rows; the
-    batches kept, `peek` and the batch size stay the global batch's). On
-    TensorFlow (`cut`) the batches come as a tf.data dataset from a generator, typed from
-    Keras's own, that Keras distributes.
+    batches kept, `peek` and the batch size stay the global batch's). `split` (with
+    `share`, a `jax_data.RowSplit`): a tf.data dataset's full batches leave its pipeline as
+    this process's rows alone (`_cut_at_source`), so the other hosts' rows are never
+    converted, made whole or kept here. On TensorFlow (`cut`) the batches come as a tf.data
+    dataset from a generator, typed from Keras's own, that Keras distributes.
     """
     from keras.src.trainers.data_adapters import data_adapter, get_data_adapter
 
-    inner = get_data_adapter(data, shuffle=shuffle and isinstance(data, keras.utils.PyDataset),
+    source, full_size = (data, 0) if split is None or class_weight is not None else \
+        _cut_at_source(data, split)
+    inner = get_data_adapter(source,
+                             shuffle=shuffle and isinstance(data, keras.utils.PyDataset),
                              class_weight=class_weight, steps_per_epoch=steps)
+    declared = inner.batch_size if not full_size else \
+        keras.tree.flatten(data.element_spec)[0].shape[0]
     if cut and getattr(inner, "enqueuer", None) is not None:
         # TensorFlow: a PyDataset's worker threads (`workers=4`) fed through tf.data under a
         # MirroredStrategy hung the cell at its first batch (Keras peeks the distributed
@@ -105,6 +113,17 @@ def whole_batches(data: Any, rows: int, masked: bool, shuffle: bool = False,
                     batch = next(batches)
                 except StopIteration:
                     return
+                if full_size:  # (the batch, whether it is already this process's rows)
+                    batch, mine = batch
+                    if mine:  # a full batch: no padding, as `whole` gives it for `rows=1`
+                        batch = whole(batch, 1, 0, masked, cut)[0]
+                        self.full = max(self.full, full_size)
+                        self.reading[0] += time.perf_counter() - start
+                        self.reading[1] += 1
+                        if len(self.fed) < keep:  # this process's rows of it
+                            self.fed.append(batch)
+                        yield batch
+                        continue
                 batch, self.full = whole(batch, rows, self.full, masked, cut)
                 self.reading[0] += time.perf_counter() - start
                 if batch is None:
@@ -166,7 +185,7 @@ def whole_batches(data: Any, rows: int, masked: bool, shuffle: bool = False,
 
         @property
         def batch_size(self) -> int | None:
-            return self.full or inner.batch_size
+            return self.full or declared
 
         @property
         def has_partial_batch(self) -> bool | None:
@@ -183,6 +202,44 @@ def whole_batches(data: Any, rows: int, masked: bool, shuffle: bool = False,
             inner.on_epoch_end()
 
     return WholeBatches()
+
+
+def _cut_at_source(data: Any, split: Any) -> tuple[Any, int]:
+    """A tf.data dataset whose full batches leave its pipeline as this process's rows alone
+    (`split.first` to `split.first + split.count - 1` of `split.rows` equal parts), each
+    with a flag saying so, as Keras's own multi-process datasets are cut (`rebatch` and
+    `shard`: every host runs the pipeline, and keeps its part of each batch); a short batch
+    comes whole, flagged False, to be padded and shared as before. (data, 0) where it cannot
+    be cut so: not tf.data, its batch size unknown or not divided by the rows, or this
+    process holds every row.
+
+    Returns:
+        (the dataset to read, its full batch size or 0).
+    """
+    if not hasattr(data, "element_spec") or split.count == split.rows:
+        return data, 0
+    import tensorflow as tf
+    from tensorflow.python.data.experimental.ops.distribute import compute_batch_size
+
+    try:
+        size = int(compute_batch_size(data))
+    except Exception:  # noqa: BLE001 - an op tf.data cannot see through: read it whole
+        return data, 0
+    if size <= 0 or size % split.rows:
+        return data, 0
+    part = size // split.rows
+    first, last = split.first * part, (split.first + split.count) * part
+
+    def cut(*element: Any) -> tuple[Any, Any]:
+        element = element[0] if len(element) == 1 else element
+        full = tf.equal(tf.shape(tf.nest.flatten(element)[0])[0], size)
+        return tf.cond(full, lambda: tf.nest.map_structure(lambda v: v[first:last], element),
+                       lambda: element), full
+
+    try:
+        return data.map(cut), size
+    except (TypeError, ValueError):  # sparse or ragged parts: read it whole
+        return data, 0
 
 
 def first_batch_safely(source: Any) -> Any:
