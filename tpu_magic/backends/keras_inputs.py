@@ -113,25 +113,20 @@ def whole_batches(data: Any, rows: int, masked: bool, shuffle: bool = False,
                     batch = next(batches)
                 except StopIteration:
                     return
-                if full_size:  # (the batch, whether it is already this process's rows)
-                    batch, mine = batch
-                    if mine:  # a full batch: no padding, as `whole` gives it for `rows=1`
-                        batch = whole(batch, 1, 0, masked, cut)[0]
-                        self.full = max(self.full, full_size)
-                        self.reading[0] += time.perf_counter() - start
-                        self.reading[1] += 1
-                        if len(self.fed) < keep:  # this process's rows of it
-                            self.fed.append(batch)
-                        yield batch
-                        continue
-                batch, self.full = whole(batch, rows, self.full, masked, cut)
+                # cut at the source: (the batch, whether it is this process's rows already)
+                batch, mine = batch if full_size else (batch, False)
+                if mine:  # of a full batch: nothing to pad, as `whole` gives it for `rows=1`
+                    batch, self.full = whole(batch, 1, 0, masked, cut)[0], \
+                        max(self.full, full_size)
+                else:
+                    batch, self.full = whole(batch, rows, self.full, masked, cut)
                 self.reading[0] += time.perf_counter() - start
                 if batch is None:
                     continue
                 self.reading[1] += 1
-                if len(self.fed) < keep:
+                if len(self.fed) < keep:  # where cut at the source, this process's rows
                     self.fed.append(batch)
-                yield batch if share is None else share(batch)
+                yield batch if share is None or mine else share(batch)
 
         def first(self, k: int) -> list:
             return self.fed[:k]
