@@ -343,19 +343,7 @@ dense.fit(Slow(), epochs=2, verbose=0)
 
 # -- --shard model: a model laid out over a mesh of the 8 devices ------------------------------
 
-SHARDED = """
-keras.utils.set_random_seed(5)
-tokens = np.random.RandomState(0).randint(0, 1024, (203, 16))
-targets = np.random.RandomState(1).randint(0, 1024, (203, 16))
-inputs = keras.Input((16,), dtype="int32")
-hidden = keras.layers.Embedding(1024, 512)(inputs)
-hidden = keras.layers.MultiHeadAttention(num_heads=8, key_dim=64)(hidden, hidden)
-hidden = keras.layers.Dense(1024, activation="relu")(hidden)
-sharded = keras.Model(inputs, keras.layers.Dense(1024)(hidden))
-sharded.compile(keras.optimizers.SGD(0.05),
-                keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-history = sharded.fit(tokens, targets, batch_size=32, epochs=2, shuffle=False, verbose=0)
-"""
+from cells import SHARDED  # noqa: E402  (also tests/orbax_kill_run.py's model)
 
 
 @pytest.mark.parametrize("mesh", ["1x8", "2x4"])
