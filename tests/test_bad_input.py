@@ -184,7 +184,7 @@ def test_shell_and_magic_lines_in_a_cell_do_not_hide_the_model_it_names(digits):
     digits.run_cell(DENSE)  # built outside the strategy: the cell must name it to rewrap it
     report = train(digits, "!echo hello from the shell\n"
                            "%time model.fit(x[:64], y[:64], batch_size=64, verbose=0)\n")
-    assert report.fits == 1 and report.rewrapped == ["model"]
+    assert report.fits == 1 and report.rewrapped == ("model",)
 
 
 def plain(text):

@@ -354,7 +354,7 @@ history = model.fit(x_train, y_train, batch_size=32, epochs=1, validation_data=(
 
 def test_transformer_with_notebook_layers_built_in_an_earlier_cell(sim8):
     plain, ours, report = both(sim8, TRANSFORMER_SETUP, TRANSFORMER_CELL)
-    assert report.rewrapped == ["model"]
+    assert report.rewrapped == ("model",)
     same_history_keys(plain, ours)
     evaluate_equals_cpu_copy(sim8, "model", "x_val", "y_val")
 

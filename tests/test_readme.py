@@ -22,4 +22,4 @@ def test_the_opening_example_runs_as_written(fresh):
         fresh.run_cell(code)
     assert fresh.user_ns["model_cpu"] is not None
     report = tpu_magic.workspace().report
-    assert report.fits == 1 and report.predictions == [6]
+    assert report.fits == 1 and report.predictions == (6,)

@@ -64,7 +64,7 @@ plain = model.evaluate(x[:13], y[:13])
     assert ns["scores"]["loss"] == pytest.approx(want["loss"], abs=1e-5)
     assert ns["scores"]["accuracy"] == pytest.approx(want["accuracy"], abs=1e-6)
     assert ns["plain"] == pytest.approx([want["loss"], want["accuracy"]], abs=1e-5)
-    assert report.predictions == [6] and len(report.evaluations) == 2
+    assert report.predictions == (6,) and len(report.evaluations) == 2
 
 
 def test_validation_data_with_a_partial_batch_is_exact(digits):
@@ -166,7 +166,7 @@ weights_before = old.get_weights()
     original = ns["old"]
     report = train(digits, "snapshot = old.get_weights()\nold.fit(x[:128], y[:128], batch_size=64)")
     assert ns["old"] is not original and ns["alias"] is ns["old"]
-    assert report.rewrapped == ["alias", "old"]
+    assert report.rewrapped == ("alias", "old")
     assert isinstance(ns["old"].weights[0].value, tf.distribute.DistributedValues)
     for got, want in zip(ns["snapshot"], ns["weights_before"]):
         np.testing.assert_array_equal(got, want)
@@ -393,7 +393,7 @@ def test_evaluate_and_predict_default_batch_needs_no_tpu_advice(digits):
     report = train(digits, "rows = model.predict(x[:20])\nscore = model.evaluate(x[:20], y[:20])")
     # Keras's default of 32 would be 4 per replica, which earns the multiple-of-8 advice.
     assert not any("multiple of 8" in n for n in report.notes)
-    assert digits.user_ns["rows"].shape == (20, 10) and report.predictions == [20]
+    assert digits.user_ns["rows"].shape == (20, 10) and report.predictions == (20,)
 
 
 def test_tensorflow_info_lines_are_dropped_only_while_silenced():

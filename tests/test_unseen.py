@@ -253,7 +253,7 @@ model.compile(keras.optimizers.SGD(0.05), "mse")
     # compiled again inside the strategy (the same object), and built there by Keras before
     # its first step: built inside a replica's step it failed ("You must feed a value for
     # placeholder tensor")
-    assert report.fits == 1 and report.rewrapped == []
+    assert report.fits == 1 and report.rewrapped == ()
     assert any("compiled outside MirroredStrategy: compiled again inside it" in note
                for note in report.notes)
     assert sim8.user_ns["model"].predict(sim8.user_ns["x"][:3], verbose=0).shape == (3, 1)
@@ -299,7 +299,7 @@ model.compile(keras.optimizers.Adam(0.01), keras.losses.BinaryCrossentropy(from_
 model.fit(x, y, batch_size=32, epochs=1, verbose=0)
 """)
     ns = sim8.user_ns
-    assert report.rewrapped == ["model"]
+    assert report.rewrapped == ("model",)
     assert any(layer is ns["base"] for layer in ns["model"].layers)  # still one family
     assert len(ns["model"].trainable_weights) == 2  # the head only
     frozen = [w.copy() for w in ns["base"].get_weights()]

@@ -85,7 +85,7 @@ def test_the_seed_cnn_on_two_hosts_equals_one_process_of_eight_devices(ip, hosts
         ip.user_ns.pop(name, None)
     report = train(ip, CNN + FIT + "print('rows predicted', len(six))")
     assert "history" not in ip.user_ns  # the cell ran on the hosts, not here
-    assert report.replicas == 8 and report.global_batch == 32 and report.predictions == [6]
+    assert report.replicas == 8 and report.global_batch == 32 and report.predictions == (6,)
     for key, values in expected["history"].items():  # a partial last batch: 203 = 6×32 + 11
         assert report.history.history[key] == pytest.approx(values, rel=1e-5), key
     for key, value in expected["evaluation"].items():

@@ -71,7 +71,7 @@ def test_six_sample_predict_and_thirteen_sample_evaluate_equal_the_cpu_copy(ip):
     train(ip, CNN + "cnn.fit(images[:256], y[:256], batch_size=64, epochs=1)")
     report = train(ip, "p6 = cnn.predict(images[:6])\n"
                        "e13 = cnn.evaluate(images[:13], y[:13], return_dict=True)")
-    assert report.predictions == [6]
+    assert report.predictions == (6,)
     sync = ip.run_line_magic("tpu_sync", "cnn")
     assert sync.max_abs_diff < 1e-5
     ns = ip.user_ns
@@ -138,7 +138,7 @@ before = [w.copy() for w in tiny.get_weights()]
     old, tiny = ip.user_ns["outside"], ip.user_ns["tiny"]
     report = train(ip, "outside.fit(x[:128], y[:128], batch_size=64)\n"
                        "tiny.fit(x[:128], y[:128], batch_size=64, epochs=0)")
-    assert report.rewrapped == ["outside", "tiny"]
+    assert report.rewrapped == ("outside", "tiny")
     assert ip.user_ns["outside"] is old and ip.user_ns["tiny"] is tiny
     assert "now live on the 8 devices" in capsys.readouterr().out
     for variable in old.weights + tiny.weights + tiny.optimizer.variables:
@@ -570,7 +570,7 @@ def test_a_kerashub_backbone_without_a_layout_map_is_derived_from_shapes(ip, mon
 def test_shard_auto_keeps_data_parallel_where_it_fits_and_splits_the_model_where_not(
         ip, monkeypatch):
     report = train(ip, SHARDED.replace("epochs=2", "epochs=1"), "--no-progress --shard auto")
-    assert report.strategy == "DataParallel" and report.sharding == []
+    assert report.strategy == "DataParallel" and report.sharding == ()
     assert report.memory_plan.endswith("; --shard auto: data parallel")
     data_peak = float(re.search(r"memory plan: ([\d.e-]+)", report.memory_plan).group(1))
 

@@ -5,7 +5,8 @@ import pytest
 
 from tpu_magic.core.errors import ShardError
 from tpu_magic.core.layouts import SHARD_FROM_BYTES, VariableShard, derived_spec
-from tpu_magic.training.sharding import check_shard, parse_mesh, table
+from tpu_magic.training.request import Shard, parse_mesh, read_shard
+from tpu_magic.training.sharding import table
 
 
 @pytest.mark.parametrize("text, mesh", [(None, (1, 8)), ("1x8", (1, 8)), ("2x4", (2, 4)),
@@ -23,16 +24,17 @@ def test_bad_meshes_name_the_value_and_the_ones_that_fit(text, words):
 
 
 def test_shard_values():
-    assert check_shard(None, None) == "data" and check_shard(None, "2x4") == "model"
-    assert check_shard("MODEL", None) == "model"
-    assert check_shard("auto", None) == "auto"
+    assert read_shard(None, None, 8) == (Shard.DATA, None)
+    assert read_shard(None, "2x4", 8) == (Shard.MODEL, (2, 4))
+    assert read_shard("MODEL", None, 8) == (Shard.MODEL, (1, 8))
+    assert read_shard("auto", None, 8) == (Shard.AUTO, None)
     with pytest.raises(ShardError, match="--shard 'tensor': use data .*, model .* or auto"):
-        check_shard("tensor", None)
+        read_shard("tensor", None, 8)
     with pytest.raises(ShardError, match="--mesh 2x4 lays out the model"):
-        check_shard("auto", "2x4")
+        read_shard("auto", "2x4", 8)
     with pytest.raises(ShardError, match="--mesh 2x4 lays out the model over its columns: use "
                                          "it with --shard model"):
-        check_shard("data", "2x4")
+        read_shard("data", "2x4", 8)
 
 
 @pytest.mark.parametrize("shape, columns, spec", [

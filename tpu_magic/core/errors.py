@@ -65,3 +65,7 @@ class MemoryPlanError(TpuMagicError):
 
 class HostsError(TpuMagicError):
     """Several hosts: an engine that did not answer, died, or a cell that failed on hosts."""
+
+
+class FlagError(TpuMagicError):
+    """A flag's value, or flags that do not go together."""

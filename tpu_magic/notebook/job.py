@@ -12,7 +12,6 @@ import contextlib
 import threading
 from typing import Any, Callable, MutableMapping
 
-from tpu_magic.core.batching import plan_batches
 from tpu_magic.core.errors import TrainJobError
 from tpu_magic.training.report import TrainReport
 from tpu_magic.core.session import Connection
@@ -84,11 +83,13 @@ def start_training(connection: Connection, workspace: Workspace,
     only trains and hands back its `TrainReport`.
 
     Raises:
-        TrainJobError: no `%%tpu_train` fit to repeat, or bad epochs.
+        TrainJobError: no `%%tpu_train` fit to repeat.
+        FlagError: bad epochs; BatchSizeError: the batch does not divide over the replicas
+            (`request.read_request`, as for the magic's flags).
         BusyError: a job is running already.
-        BatchSizeError: the batch does not divide over the replicas.
     """
-    from tpu_magic.training.cell import TrainingCell, TrainOptions
+    from tpu_magic.training.cell import FitAgain, TrainingCell
+    from tpu_magic.training.request import read_request
 
     workspace.require_idle("Train")
     if workspace.last_fit is None:
@@ -96,15 +97,12 @@ def start_training(connection: Connection, workspace: Workspace,
                             "cell first; then Train here continues it")
     if workspace.last_fit.cannot_repeat:
         raise TrainJobError(workspace.last_fit.cannot_repeat)
-    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-        raise TrainJobError(f"epochs {epochs!r} must be 1 or more")
-    plan_batches(batch_size, connection.replicas, tpu_rules=connection.tpu_rules)
-    options = TrainOptions(batch_size=batch_size, epochs=epochs, scale_lr=scale_lr,
-                           progress=False)
-    training = TrainingCell(connection, options, namespace, say=lambda _text: None, view=view,
+    request = read_request(connection, batch_size=batch_size, epochs=epochs,
+                           scale_lr=scale_lr, progress=False)
+    training = TrainingCell(connection, request, namespace, say=lambda _text: None, view=view,
                             agreed=frozenset(workspace.agreed))
     last = workspace.last_fit
-    job = TrainJob(lambda stop: training.fit_again(last, stop), on_done)
+    job = TrainJob(lambda stop: training.run(FitAgain(last, stop)), on_done)
     workspace.job = job
     # Until it ends, the notebook's own calls on the model wait with the workspace's message.
     return job.start(guard=routing.guarded(last.model, busy_error, owner=job.thread))

@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
@@ -290,88 +289,70 @@ class TpuMagics(Magics, Configurable):
             %%tpu_train --checkpoint /content/drive/MyDrive/ckpt --resume
             model.fit(x_train, y_train, epochs=50)
         """
-        from tpu_magic.connecting.connect import connect
-        from tpu_magic.notebook.quiet import (native_load_notes_dropped,
-                                              quiet_native_logs, tensorflow_info_silenced,
+        from tpu_magic.core import process
+        from tpu_magic.notebook.cell_run import cell_work
+        from tpu_magic.notebook.quiet import (quiet_native_logs, tensorflow_info_silenced,
                                               tensorflow_load_notes_dropped)
-        from tpu_magic.core.session import session
 
         __tracebackhide__ = True  # noqa: F841
         args = _parse(self.tpu_train, line)
-        for flag, value in (("--epochs", args.epochs),
-                            ("--steps-per-execution", args.steps_per_execution)):
-            if value is not None and value < 1:
-                raise UsageError(f"{flag} {value} must be 1 or more")
-        for flag, given in (("--resume", args.resume), ("--keep", args.keep is not None)):
-            if given and args.checkpoint is None:
-                raise UsageError(f"{flag} works with --checkpoint DIR: add it, e.g. "
-                                 f"%%tpu_train --checkpoint ckpt {flag}")
-        verify = _on_or_off("--verify", args.verify if args.verify is not None else self.verify)
         workspace = self.workspace
         workspace.require_idle("%%tpu_train")
-        from tpu_magic.core import process
-
         if process.hosts() is not None:  # every host runs the cell (multi-controller JAX)
-            from tpu_magic.hosts import run
-
-            workspace.report = run.train(process.hosts(), line, cell, self.shell.user_ns,
-                                         _progress_bar(), progress=not args.no_progress)
-            return workspace.report
+            return self._train_on_hosts(process.hosts(), line, cell, args.no_progress)
         quiet_native_logs()
         with tensorflow_info_silenced():
-            if session() is None:
-                with native_load_notes_dropped():
-                    connected = connect("auto", timeout=self.timeout)
-                print(connected.summary())
-                workspace.connected(session())
-            from tpu_magic.training.cell import TrainingCell, TrainOptions
-
-            options = TrainOptions(batch_size=args.batch_size, epochs=args.epochs,
-                                   scale_lr=args.scale_lr,
-                                   steps_per_execution=args.steps_per_execution,
-                                   # an engine always draws: the notebook watches its bars
-                                   progress=not args.no_progress or _on_an_engine(),
-                                   checkpoint=args.checkpoint,
-                                   keep=2 if args.keep is None else args.keep,
-                                   resume=args.resume,
-                                   shard=args.shard or self.shard or None, mesh=args.mesh,
-                                   plan_for=args.plan_for, verify=verify,
-                                   precision=(args.precision if args.precision is not None
-                                              else self.precision or None),
-                                   measured_tflops=(workspace.check.measured_tflops
-                                                    if workspace.check is not None else None))
-            training = TrainingCell(session(), options, self.shell.user_ns, bar=_progress_bar(),
-                                    view=workspace.panel, agreed=frozenset(workspace.agreed),
-                                    watch=_call_watch())
-            # `!cmd` and `%magic` lines become Python here, so names are read from this code.
-            code = self.shell.transform_cell(cell)
-            # Compiled under IPython's cache name, so a traceback shows the cell's own lines.
-            filename = self.shell.compile.cache(code, _running_cell_number(self.shell),
-                                                raw_code=cell)
-            compiled = self.shell.compile(code, filename, "exec")
-
-            def execute():
-                __tracebackhide__ = True  # noqa: F841
-                # The cell's own exceptions reach the user unchanged (run_cell swallows them).
-                exec(compiled, self.shell.user_global_ns, self.shell.user_ns)
-
+            training = self._training_cell(args)
             try:
-                with tensorflow_load_notes_dropped():
-                    report = training.run(execute, code)
-                self._leave_a_picture(report)
-                return report
-            except KeyboardInterrupt as exc:
-                # Ctrl-C ended the cell as it ends any cell; the traceback ends at the cell's line.
-                raise exc.with_traceback(_ending_in(exc.__traceback__, filename)) from None
+                with cell_work(self.shell, cell) as work, tensorflow_load_notes_dropped():
+                    report = training.run(work)
             finally:
-                workspace.reported(training.report)
-                if training.last_fit is not None:
-                    workspace.trained(training.last_model, training.report.model_name,
-                                      training.last_fit)
-                if workspace.panel is not None and workspace.last_model is not None:
-                    workspace.panel.model_trained(
-                        workspace.last_model_name, training.report.global_batch,
-                        cannot_train=workspace.last_fit.cannot_repeat)
+                workspace.cell_ended(training)
+        self._leave_a_picture(report)
+        return report
+
+    def _training_cell(self, args):
+        """The cell's `TrainingCell`: connected (auto, said, where nothing is), its request
+        read from the flags and this magic's defaults (`TpuMagics.precision`, ...)."""
+        from tpu_magic.training.cell import TrainingCell
+        from tpu_magic.training.request import read_request
+
+        workspace, connection = self.workspace, self._connected()
+        check = workspace.check
+        request = read_request(
+            connection, batch_size=args.batch_size, epochs=args.epochs,
+            scale_lr=args.scale_lr, steps_per_execution=args.steps_per_execution,
+            # an engine always draws: the notebook watches its bars
+            progress=not args.no_progress or _on_an_engine(), checkpoint=args.checkpoint,
+            keep=args.keep, resume=args.resume,
+            precision=args.precision if args.precision is not None else self.precision or None,
+            shard=args.shard or self.shard or None, mesh=args.mesh, plan_for=args.plan_for,
+            verify=args.verify if args.verify is not None else self.verify,
+            measured_tflops=check.measured_tflops if check is not None else None)
+        return TrainingCell(connection, request, self.shell.user_ns, bar=_progress_bar(),
+                            view=workspace.panel, agreed=frozenset(workspace.agreed),
+                            watch=_call_watch())
+
+    def _connected(self):
+        """The session's connection; where there is none, `%tpu_connect auto`, said."""
+        from tpu_magic.connecting.connect import connect
+        from tpu_magic.core.session import session
+        from tpu_magic.notebook.quiet import native_load_notes_dropped
+
+        if session() is None:
+            with native_load_notes_dropped():
+                connected = connect("auto", timeout=self.timeout)
+            print(connected.summary())
+            self.workspace.connected(session())
+        return session()
+
+    def _train_on_hosts(self, hosts, line: str, cell: str, no_progress: bool):
+        """`%%tpu_train` on several hosts: every engine runs the cell (`hosts.run`)."""
+        from tpu_magic.hosts import run
+
+        self.workspace.report = run.train(hosts, line, cell, self.shell.user_ns,
+                                          _progress_bar(), progress=not no_progress)
+        return self.workspace.report
 
     @line_magic("tpu_train")
     def tpu_train_as_a_line(self, line=""):
@@ -462,18 +443,6 @@ def _typed(magic) -> str:
     return ("%%" if cell else "%") + magic.__name__
 
 
-def _ending_in(traceback, filename: str):
-    """`traceback` cut after its last frame in `filename` (the cell), where it has one."""
-    last, entry = None, traceback
-    while entry is not None:
-        if entry.tb_frame.f_code.co_filename == filename:
-            last = entry
-        entry = entry.tb_next
-    if last is not None:
-        last.tb_next = None
-    return traceback
-
-
 def show_domain_errors(shell) -> None:
     """A domain error raised in a plain cell (e.g. by a model tpu_magic adopted) prints as a
     `UsageError` does: its message, no traceback. Left alone where another extension set
@@ -485,16 +454,6 @@ def show_domain_errors(shell) -> None:
         shell.show_usage_error(UsageError(str(value)))
 
     shell.set_custom_exc((TpuMagicError,), handler)
-
-
-def _on_or_off(flag: str, value: str) -> bool:
-    """`on`/`off` (and yes/no, true/false, 1/0) as a bool."""
-    text = str(value).strip().lower()
-    if text in ("on", "yes", "true", "1"):
-        return True
-    if text in ("off", "no", "false", "0"):
-        return False
-    raise UsageError(f"{flag} {value!r}: use on or off")
 
 
 def _parse(magic, line: str):
@@ -563,15 +522,6 @@ def _simulate(text: str | None) -> tuple[int | None, tuple[int, int] | None]:
     from tpu_magic.hosts.cluster import parse_layout
 
     return None, parse_layout(text)
-
-
-def _running_cell_number(shell: Any) -> int:
-    """The number of the cell running now, as its `In[N]`: IPython counts the next cell up
-    before it runs one, so its own count is one ahead (`run_cell_magic` called outside a
-    cell has no running cell: the count as it is)."""
-    running = getattr(shell.displayhook, "exec_result", None)
-    number = getattr(running, "execution_count", None)
-    return shell.execution_count if number is None else number
 
 
 def _end_hosts() -> None:

@@ -64,6 +64,16 @@ class Workspace:
         """A `%%tpu_train` cell's last `fit`: the model Sync, Save and Train act on."""
         self.last_model, self.last_model_name, self.last_fit = model, name, fit
 
+    def cell_ended(self, training: Any) -> None:
+        """A `%%tpu_train` cell ended (or failed): its report, its last `fit` and model, and
+        the panel told what Train would repeat (`training`: the cell's `TrainingCell`)."""
+        self.reported(training.report)
+        if training.last_fit is not None:
+            self.trained(training.last_model, training.report.model_name, training.last_fit)
+        if self.panel is not None and self.last_model is not None:
+            self.panel.model_trained(self.last_model_name, training.report.global_batch,
+                                     cannot_train=self.last_fit.cannot_repeat)
+
     def reported(self, report: Any) -> None:
         """A cell's or a job's report: kept, and a first step that agreed with one device
         is not compared again for the same setup."""

@@ -23,14 +23,15 @@ from tpu_magic.core.batching import BatchPlan, plan_batches
 from tpu_magic.core.errors import CheckpointError, RewrapError
 from tpu_magic.core.session import Connection
 from tpu_magic.core.variables import name_of
-from tpu_magic.training import (checkpoints, exactness, memory_plan, parity, planning,
+from tpu_magic.training import (checkpoints, exactness, parity, placement, planning,
                                 precision, routing, sharding, utilization)
 from tpu_magic.training.agreement import ReplicasAgree
 from tpu_magic.training.cell_code import hand_written_loop, names_in
 from tpu_magic.training.inputs import Inputs, given_batch_size
 from tpu_magic.training.model_setup import prepare
 from tpu_magic.training.progress import FitProgress, FitTiming, TrainingView
-from tpu_magic.training.report import TrainReport
+from tpu_magic.training.report import CellRecord, FitOutcome, TrainReport
+from tpu_magic.training.request import TrainRequest
 from tpu_magic.training.rewrap import (built_for, built_outside, compile_again,
                                       custom_objects_from, made_outside,
                                       rewrap_namespace)
@@ -66,23 +67,20 @@ class FitCall:
 
 
 @dataclass(frozen=True)
-class TrainOptions:
-    """The flags of `%%tpu_train`."""
+class CellCode:
+    """A `%%tpu_train` cell's work: its compiled code, and the code as text (read for the
+    names it uses and a hand-written loop)."""
 
-    batch_size: int | None = None
-    epochs: int | None = None
-    scale_lr: bool = False
-    steps_per_execution: int | None = None
-    progress: bool = True
-    checkpoint: str | None = None  # a directory
-    keep: int = 2
-    resume: bool = False
-    precision: str | None = None  # --precision; None: the Keras dtype policy as it is
-    shard: str | None = None  # --shard data|model (None: data)
-    mesh: str | None = None  # --mesh BxM
-    plan_for: str | None = None  # --plan-for CHIP-N (a memory plan against that chip)
-    verify: bool = True  # --verify: the first step against the same step on one device
-    measured_tflops: float | None = None  # one device's matmul TFLOP/s from --check, if it ran
+    execute: Callable[[], Any]
+    code: str
+
+
+@dataclass(frozen=True)
+class FitAgain:
+    """The panel's Train: the last `fit` again; `stop_event` set stops it at a batch."""
+
+    last: FitCall
+    stop_event: threading.Event | None = None
 
 
 class TrainingCell:
@@ -90,7 +88,7 @@ class TrainingCell:
 
     Args:
         connection: what `%tpu_connect` made (strategy, replicas, backend).
-        options: the cell's flags.
+        request: the cell's flags, read and checked (`request.read_request`).
         namespace: the user's namespace (models are looked up and rebound there).
         say: prints one line to the user.
         bar: a tqdm-like class for progress bars (None: no bars).
@@ -98,32 +96,33 @@ class TrainingCell:
         agreed: first-step setups that agreed with one device earlier in this notebook
             (`parity.setup_key`): not compared again.
 
-    After `run` or `fit_again`, `report` is the outcome, and `last_fit` the last `fit`
-    the cell made (what the panel's Train repeats). It writes no shared state.
+    The cell goes one way: the request, the placement (`placement.place`, settled again
+    before a fit's first step), the run (each Keras call a step of its own, whose outcome is
+    recorded), and the report, built once when `run` ends: `report` is then
+    the frozen `TrainReport`, and `last_fit` the last `fit` the cell made (what the panel's
+    Train repeats). It writes no shared state.
     """
 
-    def __init__(self, connection: Connection, options: TrainOptions,
+    def __init__(self, connection: Connection, request: TrainRequest,
                  namespace: MutableMapping[str, Any], say: Callable[[str], None] = print,
                  bar: Any = None, view: TrainingView | None = None,
                  agreed: frozenset = frozenset(),
                  watch: Callable[[str], ContextManager[Any]] | None = None):
-        # --shard model: the cell trains on a mesh (data rows, model columns) of the devices
-        connection, self.mesh = sharding.connection_for(connection, options.shard, options.mesh)
-        self.connection = connection
-        self.options = options
+        self.request = request
+        self.placement = placement.place(connection, request)
         self.namespace = namespace
         self.say = say
         self.bar = bar
         self.view = view
-        self.report = TrainReport(strategy=connection.strategy_name,
-                                  replicas=connection.replicas)
+        connection = self.placement.connection
+        self.record = CellRecord(strategy=connection.strategy_name,
+                                 replicas=connection.replicas)
+        self.report: TrainReport = self.record.report()  # built again when the cell ends
         self.last_model: Any = None
         self.last_fit: FitCall | None = None
         self.stop_event: threading.Event | None = None  # set: stop at the next batch
-        self.inputs = Inputs(connection, self._note, self.report.left_out,
-                             lambda model: self._name_of(model) or model.name)
+        self.inputs = self._inputs()
         self.checkpoints: checkpoints.CellCheckpoints | None = None  # --checkpoint
-        self.precision: precision.Precision | None = None
         self.flops = utilization.FlopCounts(connection.backend)
         self.verified = False  # the cell's first fit ran the parity check (or skipped it)
         self.agreed = agreed
@@ -131,25 +130,59 @@ class TrainingCell:
         # notebook where it is: `hosts.progress.in_call`)
         self.watch = watch or (lambda name: contextlib.nullcontext())
 
-    def run(self, execute: Callable[[], Any], cell: str) -> TrainReport:
-        """Rewraps the models the cell names, then runs it with the strategy in force."""
+    @property
+    def connection(self) -> Connection:
+        """The connection the cell trains on now (the placement's)."""
+        return self.placement.connection
+
+    @property
+    def mesh(self) -> tuple[int, int] | None:
+        return self.placement.mesh
+
+    @property
+    def precision(self) -> precision.Precision | None:
+        return self.request.precision
+
+    def _inputs(self) -> Inputs:
+        return Inputs(self.connection, self._note, self.record.left_out,
+                      lambda model: self._name_of(model) or model.name)
+
+    def run(self, work: CellCode | FitAgain) -> TrainReport:
+        """The cell's one entry point: the `%%tpu_train` cell's code (`CellCode`: rewraps the
+        models it names, then runs it with the strategy in force), or the last `fit` again
+        (`FitAgain`, the panel's Train). Returns the report, built once when it ends."""
         __tracebackhide__ = True  # noqa: F841 - the cell's own errors show the cell, not us
         start = time.perf_counter()
-        if self.options.batch_size is not None:  # a bad flag fails before anything runs
-            plan_batches(self.options.batch_size, self.connection.replicas, what="--batch-size")
-        if self.options.checkpoint is not None:
+        try:
+            if isinstance(work, FitAgain):
+                self._fit_again(work.last, work.stop_event)
+            else:
+                self._run(work.execute, work.code)
+        finally:
+            self._reported(start)
+        return self.report
+
+    def _reported(self, start: float) -> None:
+        """The cell ended (or failed): its report, built once from what it recorded."""
+        self.record.seconds = time.perf_counter() - start
+        self.record.model_name = self._name_of(self.last_model)
+        self.report = self.record.report()
+
+    def _run(self, execute: Callable[[], Any], cell: str) -> None:
+        __tracebackhide__ = True  # noqa: F841
+        if self.request.checkpoint is not None:
             self.checkpoints = checkpoints.CellCheckpoints(
-                self.options.checkpoint, self.options.keep, self.options.resume)
-        if self.options.precision is not None:
-            self.precision = precision.for_connection(self.options.precision, self.connection)
-            self.report.precision = self.precision.describe()
+                self.request.checkpoint, self.request.keep, self.request.resume)
+        if self.precision is not None:
+            self.record.precision = self.precision.describe()
         if self.connection.replicas > 1 and hand_written_loop(cell):
-            return self._run_on_one_device(execute, start)
+            self._run_on_one_device(execute)
+            return
         self._follow_users_distribution()
         strategy = self.connection.strategy
         for done in rewrap_namespace(self.namespace, names_in(cell), self.connection):
             line = done.summary(self.connection.strategy_name, self.connection.replicas)
-            self.report.rewrapped.extend(done.names)
+            self.record.rewrapped.extend(done.names)
             self.say(line)
         kept, entered = None, self.connection
         try:
@@ -161,27 +194,20 @@ class TrainingCell:
         finally:
             if kept is not None:
                 self.connection.backend.keep_in_force(kept[0].strategy)
-            self.report.seconds = time.perf_counter() - start
-            self.report.model_name = self._name_of(self.last_model)
             self._adopt_namespace()
             if self.mesh is not None and self.last_model is not None:
-                self.report.sharding, notes = sharding.of_model(self.connection,
-                                                                self.last_model, self.mesh)
+                lines, notes = sharding.of_model(self.connection, self.last_model, self.mesh)
+                self.record.sharding = tuple(lines)
                 for note in notes:
                     self._note(note, "warning: ")
-        return self.report
 
-    def _run_on_one_device(self, execute: Callable[[], Any], start: float) -> TrainReport:
+    def _run_on_one_device(self, execute: Callable[[], Any]) -> None:
         """A cell with its own GradientTape loop runs as a plain cell, on one device (see
         `ONE_DEVICE`)."""
         __tracebackhide__ = True  # noqa: F841
         self._note(ONE_DEVICE.format(replicas=self.connection.replicas))
-        try:
-            with precision.in_force(self.precision):
-                execute()
-        finally:
-            self.report.seconds = time.perf_counter() - start
-        return self.report
+        with precision.in_force(self.precision):
+            execute()
 
     def _adopt_namespace(self) -> None:
         """Models the cell left in the namespace that belong to the strategy keep routing."""
@@ -193,27 +219,18 @@ class TrainingCell:
     def _adopt(self, model: Any) -> None:
         """Outside cells the model keeps routing: Keras's own output, no flags."""
         if not routing.adopted(model):
-            routing.adopt(model, TrainingCell(self.connection, TrainOptions(progress=False),
+            routing.adopt(model, TrainingCell(self.connection, TrainRequest(progress=False),
                                               self.namespace, say=self.say))
 
-    def fit_again(self, last: FitCall, stop_event: threading.Event | None = None) -> TrainReport:
-        """Repeats a recorded `fit` from the current weights with this cell's batch and epochs.
-
-        Args:
-            last: the `fit` to repeat (its data, validation data and callbacks).
-            stop_event: when set, training stops at the next batch boundary.
-        """
-        start, self.stop_event = time.perf_counter(), stop_event
+    def _fit_again(self, last: FitCall, stop_event: threading.Event | None) -> None:
+        """Repeats a recorded `fit` from the current weights with this cell's batch and
+        epochs; when `stop_event` is set, training stops at the next batch boundary."""
+        self.stop_event = stop_event
         call = dict(last.arguments, initial_epoch=0, verbose=0)
         named = set(last.named) - {"batch_size", "epochs", "initial_epoch"}
-        try:
-            with self.connection.strategy.scope(), routing.inside_keras(), \
-                    self.connection.backend.replica_steps(last.model, self.connection):
-                self._fit(last.model, call, named)
-        finally:
-            self.report.seconds = time.perf_counter() - start
-            self.report.model_name = self._name_of(self.last_model)
-        return self.report
+        with self.connection.strategy.scope(), routing.inside_keras(), \
+                self.connection.backend.replica_steps(last.model, self.connection):
+            self._fit(last.model, call, named)
 
     # -- routing ---------------------------------------------------------------------------
 
@@ -239,12 +256,8 @@ class TrainingCell:
         if found is None:
             return
         ours = self.connection.strategy_name
-        self.connection, described = found
-        self.mesh = None
-        self.inputs = Inputs(self.connection, self._note, self.report.left_out,
-                             lambda model: self._name_of(model) or model.name)
-        self.report.strategy, self.report.replicas = (self.connection.strategy_name,
-                                                      self.connection.replicas)
+        connection, described = found
+        self._placed(placement.Placement(connection, None, settled=True))
         self._note(f"the cell's own keras.distribution is in force ({described}): it lays "
                    f"out the models and splits the batches, in place of tpu_magic's {ours}.")
 
@@ -276,19 +289,19 @@ class TrainingCell:
     def _plan(self, method: str, model: Any, call: dict, named: set,
               key: str = "batch_size") -> BatchPlan:
         plan = planning.plan_call(method, model, call, named, self.connection,
-                                  self.options.batch_size, key, label=self._name_of(model))
+                                  self.request.batch_size, key, label=self._name_of(model))
         for warning in plan.warnings:
             self._note(warning, "warning: ")
         return plan
 
     def _note(self, text: str, prefix: str = "note: ") -> None:
         """Tells the user once per cell, and keeps it in the report."""
-        if text not in self.report.notes:
-            self.report.notes.append(text)
+        if text not in self.record.notes:
+            self.record.notes.append(text)
             self.say(prefix + text)
 
     def _prepare(self, model: Any) -> None:
-        for note in prepare(model, self.connection, self.options.steps_per_execution,
+        for note in prepare(model, self.connection, self.request.steps_per_execution,
                             self.precision, self._name_of(model) or model.name):
             self._note(note)
 
@@ -298,7 +311,7 @@ class TrainingCell:
     def _first_step_check(self, model: Any) -> parity.FirstStep | None:
         """The parity check of the cell's first fit (see `parity`), where it applies."""
         connection = self.connection
-        if not self.options.verify or self.verified or \
+        if not self.request.verify or self.verified or \
                 (connection.replicas < 2 and self.mesh is None):
             return None
         self.verified = True
@@ -344,77 +357,42 @@ class TrainingCell:
     def _fit(self, model: Any, call: dict, named: set) -> Any:
         recorded = FitCall(model, dict(call), frozenset(named))
         plan = self._plan("fit", model, call, named)
-        if "epochs" not in named and self.options.epochs is not None:
-            call["epochs"] = self.options.epochs
-        if self.options.scale_lr:
-            note = planning.scale_learning_rate(model, plan)
-            if note:
-                self._note(note, "")
-        self._prepare(model)
-        seed, resume_from = arrays.new_seed(), None
-        if self.checkpoints is not None:
-            resume_from = self.checkpoints.resume(
-                call["epochs"], lambda text: self._note(text, "warning: "), self.say,
-                model, self.connection)
-            if resume_from is not None:
-                self.report.resumed_from = str(resume_from.path)
-                seed, call["initial_epoch"] = resume_from.seed, resume_from.epoch
+        self._fit_settings(model, call, named, plan)
+        seed, resume_from = self._resume(model, call)
         batch = self.inputs.for_fit(model, call, plan, seed)
         if batch and not plan.global_batch:  # a dataset's batch, where it says so
             plan = plan_batches(batch, self.connection.replicas, what="the dataset's batch")
-        _plan_memory(self, model, call["x"])  # before anything runs: it may refuse
+        self._settle(model, call["x"])  # before anything runs: it may refuse
         timing = FitTiming(global_batch=batch, flops_per_sample=self.flops.per_sample(model),
                            tokens_per_sample=utilization.tokens_per_sample(recorded.arguments["x"]))
-        first_batches = self.inputs.first_batches
-        progress = FitProgress(
-            timing, bar=self.bar if self.options.progress else None, view=self.view,
-            batch_of=lambda: given_batch_size(call["x"]),
-            tokens_of=None if arrays.is_array_input(recorded.arguments["x"])
-            else lambda: utilization.first_batch_tokens(first_batches))
+        progress = self._progress(timing, call, recorded.arguments["x"])
         saver = (self.checkpoints.callback(seed, self.connection, resume_from)
                  if self.checkpoints is not None else None)
         check = self._first_step_check(model)
         call["callbacks"] = _callbacks(call.get("callbacks"), progress, saver, self.stop_event,
                                        self.connection, check)
-        if self.options.progress:
+        if self.request.progress:
             call["verbose"] = 0
-        interrupted, failure = False, None
         compiled_before = self.connection.backend.compile_counts()
-        with stop_on_interrupt(model) as stop, self.connection.strategy.scope(), \
-                _default_shuffle_unsaid("shuffle" not in named):
-            try:
-                history = routing.keras_method("fit")(model, **call)
-            except KeyboardInterrupt:
-                interrupted, history = True, getattr(model, "history", None)
-            except CheckpointError as exc:  # e.g. a full disk: stop, keep what was learned
-                failure, history = exc, getattr(model, "history", None)
-            finally:
-                progress.close(interrupted=interrupted or stop.requested)
-        ctrl_c = interrupted or stop.requested
+        history, ctrl_c, failure = _keras_fit(model, call, named, progress,
+                                              self.connection.strategy)
         stopped = self.stop_event is not None and self.stop_event.is_set()
         interrupted = ctrl_c or stopped or failure is not None
         if not plan.global_batch:  # a dataset's batch, known once Keras read it
             plan = _seen_plan(given_batch_size(call["x"]), self.connection.replicas)
-        self.report.add_fit(plan, timing, history, interrupted)
-        if check is not None and check.outcome is not None:
-            self.report.parity = check.outcome
-            warning = check.outcome.warning()
-            if warning:
-                self._note(warning, "warning: ")
         self.last_model, self.last_fit = model, recorded
-        self.report.utilization = utilization.of_fit(
-            self.connection, self.flops.counted(model), timing.samples_per_second,
-            timing.steady_seconds / timing.steady_steps if timing.steady_steps else None,
-            self.inputs.measurable, self.options.measured_tflops)
-        if compiled_before is not None:
-            self.report.xla_compile = self.connection.backend.compile_counts() - compiled_before
-        if saver is not None:
-            self.report.checkpoints.extend(str(p) for p in saver.written)
-            warnings, notes = self.checkpoints.outcome(saver)
-            for text in warnings:
-                self._note(text, "warning: ")
-            for text in notes:
-                self._note(text)
+        self.record.fits.append(FitOutcome.of(
+            plan, timing, history, interrupted,
+            parity=check.outcome if check is not None else None,
+            utilization=utilization.of_fit(
+                self.connection, self.flops.counted(model), timing.samples_per_second,
+                timing.steady_seconds / timing.steady_steps if timing.steady_steps else None,
+                self.inputs.measurable, self.request.measured_tflops),
+            xla_compile=(self.connection.backend.compile_counts() - compiled_before
+                         if compiled_before is not None else None),
+            checkpoints=tuple(str(p) for p in saver.written) if saver is not None else (),
+            resumed_from=str(resume_from.path) if resume_from is not None else None))
+        self._fit_notes(check, saver)
         if failure is not None:
             raise failure
         if interrupted:
@@ -424,18 +402,78 @@ class TrainingCell:
             raise KeyboardInterrupt
         return history
 
+    def _fit_settings(self, model: Any, call: dict, named: set, plan: BatchPlan) -> None:
+        """The request's `--epochs` and `--scale-lr`, and the model's settings."""
+        if "epochs" not in named and self.request.epochs is not None:
+            call["epochs"] = self.request.epochs
+        if self.request.scale_lr:
+            note = planning.scale_learning_rate(model, plan)
+            if note:
+                self._note(note, "")
+        self._prepare(model)
+
+    def _resume(self, model: Any, call: dict) -> tuple[int, Any]:
+        """The fit's shuffle seed, and the checkpoint it continues from (`--resume`, the
+        cell's first fit; None: from the start)."""
+        if self.checkpoints is None:
+            return arrays.new_seed(), None
+        resume_from = self.checkpoints.resume(
+            call["epochs"], lambda text: self._note(text, "warning: "), self.say,
+            model, self.connection)
+        if resume_from is None:
+            return arrays.new_seed(), None
+        call["initial_epoch"] = resume_from.epoch
+        return resume_from.seed, resume_from
+
+    def _settle(self, model: Any, data: Any) -> None:
+        """The placement before the fit's first step (`placement.settle`)."""
+        self._placed(placement.settle(self.placement, self.request, model, data))
+
+    def _placed(self, settled: placement.Placement) -> None:
+        """The cell trains on `settled` from now on: its later inputs are built for it, and
+        the report names it."""
+        if settled.connection is not self.placement.connection:
+            self.placement = settled
+            self.inputs = self._inputs()
+            self.record.strategy = settled.connection.strategy_name
+            self.record.replicas = settled.connection.replicas
+        self.placement = settled
+        if settled.memory_plan is not None:
+            self.record.memory_plan = settled.memory_plan
+
+    def _progress(self, timing: FitTiming, call: dict, given: Any) -> FitProgress:
+        """The fit's bar and live view, measuring into `timing`."""
+        first_batches = self.inputs.first_batches
+        return FitProgress(
+            timing, bar=self.bar if self.request.progress else None, view=self.view,
+            batch_of=lambda: given_batch_size(call["x"]),
+            tokens_of=None if arrays.is_array_input(given)
+            else lambda: utilization.first_batch_tokens(first_batches))
+
+    def _fit_notes(self, check: Any, saver: Any) -> None:
+        """What the parity check and the checkpoints of a fit tell the user."""
+        warning = check.outcome.warning() if check is not None and check.outcome else None
+        if warning:
+            self._note(warning, "warning: ")
+        if saver is not None:
+            warnings, notes = self.checkpoints.outcome(saver)
+            for text in warnings:
+                self._note(text, "warning: ")
+            for text in notes:
+                self._note(text)
+
     def _evaluate(self, model: Any, call: dict, named: set) -> Any:
         plan = self._plan("evaluate", model, call, named)
         self._prepare(model)
         rest = self.inputs.for_evaluate(model, call, plan)
-        if self.options.progress:
+        if self.request.progress:
             call["verbose"] = 0
         wanted_dict = call.get("return_dict", False)
         call["return_dict"] = True
         result = routing.keras_method("evaluate")(model, **call)
         if rest is not None:
             result = self._evaluate_rest(model, rest) or result
-        self.report.evaluations.append({k: float(v) for k, v in result.items()})
+        self.record.evaluations.append({k: float(v) for k, v in result.items()})
         if self.last_model is None:
             self.last_model = model
         # Keras's own ordering of a non-dict result (a scalar for a single value).
@@ -451,23 +489,23 @@ class TrainingCell:
             with exactness.suspended(model):
                 result = backend.evaluate_rest(model, rest, self._one_device_copy(model))
         except Exception as exc:  # noqa: BLE001 - the samples stay left out, and it is said
-            self._note(f"evaluate left out its last {self.report.left_out.get('evaluate')} "
+            self._note(f"evaluate left out its last {self.record.left_out.get('evaluate')} "
                        f"samples: a one-device copy of {self._name_of(model) or model.name!r} "
                        f"could not evaluate them ({type(exc).__name__}: {exc})")
             return None
         if result is not None:
-            self.report.left_out.pop("evaluate", None)
+            self.record.left_out.pop("evaluate", None)
         return result
 
     def _predict(self, model: Any, call: dict, named: set) -> Any:
         plan = self._plan("predict", model, call, named)
         self._prepare(model)
-        if self.options.progress:
+        if self.request.progress:
             call["verbose"] = 0
         rows = self.inputs.for_predict(model, call, plan)
         out = routing.keras_method("predict")(model, **call)
         out = out if rows is None else arrays.trim(out, rows)
-        self.report.predictions.append(len(keras.tree.flatten(out)[0]))
+        self.record.predictions.append(len(keras.tree.flatten(out)[0]))
         return out
 
     def _predict_on_batch(self, model: Any, call: dict, named: set) -> Any:
@@ -496,21 +534,26 @@ def _default_shuffle_unsaid(default: bool) -> Iterator[None]:
         yield
 
 
-def _plan_memory(cell: TrainingCell, model: Any, data: Any) -> None:
-    """The memory plan before the first step (`--shard model`, `--plan-for`), and
-    `--shard auto`'s choice: where data parallelism does not fit, the model is laid out over
-    the mesh that does, and the cell trains there from now on."""
-    options = cell.options
-    if (options.shard or "").lower() == "auto" and cell.mesh is None:
-        connection, mesh, cell.report.memory_plan = memory_plan.choose(
-            cell.connection, model, data, options.plan_for)
-        if mesh is not None:
-            connection.backend.reshard(model, connection)
-            cell.connection, cell.mesh = connection, mesh
-            cell.report.strategy, cell.report.replicas = connection.strategy_name, mesh[0]
-    elif cell.mesh or options.plan_for:
-        cell.report.memory_plan = memory_plan.before_fit(cell.connection, model, data,
-                                                         options.plan_for)
+def _keras_fit(model: Any, call: dict, named: set, progress: FitProgress, strategy: Any
+               ) -> tuple[Any, bool, CheckpointError | None]:
+    """Keras's own `fit` under `strategy` (the placement's, settled for this fit), with
+    Ctrl-C and a failed checkpoint ending it at a batch boundary.
+
+    Returns:
+        (its history, whether Ctrl-C ended it, the checkpoint error that did).
+    """
+    interrupted, failure = False, None
+    with stop_on_interrupt(model) as stop, strategy.scope(), \
+            _default_shuffle_unsaid("shuffle" not in named):
+        try:
+            history = routing.keras_method("fit")(model, **call)
+        except KeyboardInterrupt:
+            interrupted, history = True, getattr(model, "history", None)
+        except CheckpointError as exc:  # e.g. a full disk: stop, keep what was learned
+            failure, history = exc, getattr(model, "history", None)
+        finally:
+            progress.close(interrupted=interrupted or stop.requested)
+    return history, interrupted or stop.requested, failure
 
 
 def _seen_plan(batch: int, replicas: int) -> BatchPlan:

@@ -13,37 +13,15 @@ the TPU's compiler, which the line says.
 from __future__ import annotations
 
 import os
-import re
 from typing import Any
 
-from tpu_magic.core.chips import Chip, chip_for
+from tpu_magic.core.chips import Chip
 from tpu_magic.core.devices import StepMemory
 from tpu_magic.core.errors import MemoryPlanError
 
 HEADROOM = 0.9  # a step may take this share of a device's memory
 LIMIT_VARIABLE = "TPU_MAGIC_DEVICE_MEMORY_BYTES"  # a device's memory, for tests and odd runtimes
 _GIB = 2.0 ** 30
-
-
-def target_chip(text: str | None, devices: int) -> tuple[Chip, int] | None:
-    """`--plan-for CHIP-N` (e.g. v5e-8, v6e-1, v2-8): the chip, and its device count.
-
-    Raises:
-        MemoryPlanError: an unknown chip, or a count other than this connection's devices.
-    """
-    if not text:
-        return None
-    chip = chip_for(text)
-    count = re.search(r"-(\d+)$", text.strip())
-    if chip is None or count is None:
-        raise MemoryPlanError(f"--plan-for {text!r}: name a chip and its device count as the "
-                              "runtimes do, e.g. --plan-for v5e-8, v6e-1, v4-8 or v2-8")
-    if int(count.group(1)) != devices:
-        raise MemoryPlanError(
-            f"--plan-for {text} plans for {count.group(1)} devices, and this connection has "
-            f"{devices}: connect with `%tpu_connect --backend jax --simulate "
-            f"{count.group(1)}` to plan for it on this machine")
-    return chip, devices
 
 
 def device_bytes(connection: Any, planned: tuple[Chip, int] | None) -> float | None:
@@ -68,14 +46,14 @@ def first_batch(data: Any) -> Any:
         return None
 
 
-def before_fit(connection: Any, model: Any, data: Any, plan_for: str | None) -> str | None:
+def before_fit(connection: Any, model: Any, data: Any,
+               planned: tuple[Chip, int] | None) -> str | None:
     """The plan's line for the report (None: the backend cannot plan, or no batch to plan
     from).
 
     Raises:
         MemoryPlanError: the step will not fit a device (nothing has run).
     """
-    planned = target_chip(plan_for, len(connection.devices) or connection.replicas)
     batch = first_batch(data)
     if batch is None:
         return None
@@ -89,7 +67,7 @@ def before_fit(connection: Any, model: Any, data: Any, plan_for: str | None) -> 
     return line(memory, total, where)
 
 
-def choose(connection: Any, model: Any, data: Any, plan_for: str | None
+def choose(connection: Any, model: Any, data: Any, planned: tuple[Chip, int] | None
            ) -> tuple[Any, tuple[int, int] | None, str | None]:
     """`--shard auto`: data parallel where its step fits a device with headroom, else the
     fewest model columns M (a divisor of the devices) whose step fits, the data rows taking
@@ -101,7 +79,6 @@ def choose(connection: Any, model: Any, data: Any, plan_for: str | None
     Raises:
         MemoryPlanError: not even the most model columns fit (the fixes named).
     """
-    planned = target_chip(plan_for, len(connection.devices) or connection.replicas)
     batch = first_batch(data)
     memory = None if batch is None else connection.backend.step_memory(model, batch)
     if memory is None:  # no plan (TensorFlow, or no batch to plan from): data parallel

@@ -1,12 +1,55 @@
-"""What a `%%tpu_train` cell did, as data (`TrainReport`) with a text rendering."""
+"""What a `%%tpu_train` cell did, as data (`TrainReport`) with a text rendering.
+
+The last step of a cell's one way through (request → placement → run → report): while
+the cell runs, its `CellRecord` keeps each step's outcome as the step returns it (a `fit`'s
+is a frozen `FitOutcome`); when the cell ends, `CellRecord.report()` builds the frozen
+`TrainReport` once.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 
-@dataclass
+@dataclass(frozen=True)
+class FitOutcome:
+    """One `fit`'s outcome: its batch, timing, logs, and what was measured around it.
+
+    Attributes: as `TrainReport`'s of the same names (the report shows the last fit's).
+    """
+
+    global_batch: int | None
+    per_replica: int | None
+    epochs: int
+    steps: int
+    compile_seconds: float | None
+    samples_per_second: float | None
+    tokens_per_second: float | None
+    epoch_seconds: tuple[float, ...]
+    metrics: dict[str, float]
+    history: Any
+    interrupted: bool
+    diverged: str | None
+    parity: Any = None
+    utilization: Any = None
+    xla_compile: Any = None
+    checkpoints: tuple[str, ...] = ()
+    resumed_from: str | None = None
+
+    @classmethod
+    def of(cls, plan: Any, timing: Any, history: Any, interrupted: bool,
+           **measured: Any) -> "FitOutcome":
+        """A `fit` ended: its batch (`BatchPlan`), timing (`progress.FitTiming`) and logs;
+        `measured`: parity, utilization, xla_compile, checkpoints, resumed_from."""
+        return cls(plan.global_batch, plan.per_replica, len(timing.epoch_seconds),
+                   timing.steps_done, timing.compile_seconds, timing.samples_per_second,
+                   timing.tokens_per_second, tuple(timing.epoch_seconds),
+                   dict(timing.last_logs), history, interrupted, timing.diverged_text(),
+                   **measured)
+
+
+@dataclass(frozen=True)
 class TrainReport:
     """The outcome of a `%%tpu_train` cell (the last `fit` for timings and metrics).
 
@@ -24,11 +67,14 @@ class TrainReport:
         history: the last `fit`'s `keras.callbacks.History`.
         interrupted: whether Ctrl-C (or Stop) ended the last `fit` early.
         diverged: where the last `fit`'s loss first became NaN or infinite, in words.
+        fits: how many `fit` calls the cell made.
         rewrapped / notes: what tpu_magic changed or advises.
         checkpoints: the checkpoint files written (--checkpoint), oldest first.
         resumed_from: the checkpoint training continued from (--resume).
         precision: the dtype policy `--precision` put in force, and why.
         sharding: under `--shard model`, the mesh and where the largest variables live.
+        memory_plan: `--shard model`, `--plan-for`: one device's planned memory.
+        tokens_per_second: token-id inputs: real tokens in the steady state.
         utilization: the last `fit`'s FLOPs, achieved TFLOP/s against the peaks, and the
             input's share of a step.
         xla_compile: on the JAX backend, the last `fit`'s XLA compilations: programs from
@@ -37,6 +83,7 @@ class TrainReport:
             a model whose loss cannot skip padding (it gets whole batches of real samples).
         parity: the cell's first `fit`'s first step against the same step on one device
             (`training.parity`).
+        seconds: the cell's wall time.
     """
 
     strategy: str
@@ -48,40 +95,27 @@ class TrainReport:
     steps: int = 0
     compile_seconds: float | None = None
     samples_per_second: float | None = None
-    epoch_seconds: list[float] = field(default_factory=list)
+    epoch_seconds: tuple[float, ...] = ()
     metrics: dict[str, float] = field(default_factory=dict)
-    evaluations: list[dict[str, float]] = field(default_factory=list)
-    predictions: list[int] = field(default_factory=list)
+    evaluations: tuple[dict[str, float], ...] = ()
+    predictions: tuple[int, ...] = ()
     history: Any = None
     interrupted: bool = False
     diverged: str | None = None
     fits: int = 0
-    rewrapped: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    checkpoints: list[str] = field(default_factory=list)
+    rewrapped: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    checkpoints: tuple[str, ...] = ()
     resumed_from: str | None = None
     left_out: dict[str, int] = field(default_factory=dict)
     xla_compile: Any = None  # a `compile_cache.CompileCounts`
     precision: str | None = None
-    sharding: list[str] = field(default_factory=list)  # --shard model: the table
-    memory_plan: str | None = None  # --shard model, --plan-for: one device's planned memory
-    tokens_per_second: float | None = None  # token-id inputs: real tokens in the steady state
+    sharding: tuple[str, ...] = ()
+    memory_plan: str | None = None
+    tokens_per_second: float | None = None
     utilization: Any = None  # a `utilization.Utilization` of the last fit
     parity: Any = None  # the first-step parity check: a `parity.Parity` or `parity.Skipped`
     seconds: float = 0.0
-
-    def add_fit(self, plan: Any, timing: Any, history: Any, interrupted: bool) -> None:
-        """A `fit` ended: its batch (`BatchPlan`), timing (`progress.FitTiming`) and logs."""
-        self.fits += 1
-        self.global_batch, self.per_replica = plan.global_batch, plan.per_replica
-        self.epochs, self.steps = len(timing.epoch_seconds), timing.steps_done
-        self.compile_seconds = timing.compile_seconds
-        self.samples_per_second = timing.samples_per_second
-        self.tokens_per_second = timing.tokens_per_second
-        self.epoch_seconds = list(timing.epoch_seconds)
-        self.metrics = dict(timing.last_logs)
-        self.history, self.interrupted = history, interrupted
-        self.diverged = timing.diverged_text()
 
     def summary(self, notes_said: bool = False) -> str:
         """The report in lines; `notes_said`: the notes as a count, where the cell printed
@@ -143,3 +177,41 @@ class TrainReport:
 
 def _fmt(values: dict[str, float]) -> str:
     return ", ".join(f"{k} {v:.4g}" for k, v in values.items())
+
+
+@dataclass
+class CellRecord:
+    """What a running cell has done so far, kept by the cell alone (its own thread) and
+    turned into the frozen `TrainReport` once, when the cell ends (`report`)."""
+
+    strategy: str
+    replicas: int
+    model_name: str | None = None
+    fits: list[FitOutcome] = field(default_factory=list)
+    evaluations: list[dict[str, float]] = field(default_factory=list)
+    predictions: list[int] = field(default_factory=list)
+    rewrapped: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    left_out: dict[str, int] = field(default_factory=dict)
+    precision: str | None = None
+    sharding: tuple[str, ...] = ()
+    memory_plan: str | None = None
+    seconds: float = 0.0
+
+    def report(self) -> TrainReport:
+        """The frozen report: the cell's own record, the last fit's outcome, every fit's
+        checkpoints, and where the first resumed."""
+        last = self.fits[-1] if self.fits else None
+        of_fit = {} if last is None else {
+            f.name: getattr(last, f.name) for f in fields(FitOutcome)
+            if f.name not in ("checkpoints", "resumed_from")}
+        if last is not None and last.parity is None:  # the first fit's check stays reported
+            of_fit["parity"] = next((f.parity for f in self.fits if f.parity is not None), None)
+        return TrainReport(
+            strategy=self.strategy, replicas=self.replicas, model_name=self.model_name,
+            evaluations=tuple(self.evaluations), predictions=tuple(self.predictions),
+            fits=len(self.fits), rewrapped=tuple(self.rewrapped), notes=tuple(self.notes),
+            checkpoints=tuple(p for f in self.fits for p in f.checkpoints),
+            resumed_from=next((f.resumed_from for f in self.fits if f.resumed_from), None),
+            left_out=dict(self.left_out), precision=self.precision, sharding=self.sharding,
+            memory_plan=self.memory_plan, seconds=self.seconds, **of_fit)

@@ -1,5 +1,5 @@
-"""`%%tpu_train --shard data|model [--mesh BxM]`: which mesh a cell trains on, the layout a
-variable gets where the model names none, and the sharding table of the report.
+"""`%%tpu_train --shard model`: the sharding table of the report (the mesh itself is read
+in `request`, and laid out in `placement`).
 
 Keras's model parallelism (`keras.distribution.ModelParallel`) exists on JAX: a mesh of B
 data rows by M model columns; a variable laid out over the model axis holds 1/M of it on
@@ -14,63 +14,10 @@ from __future__ import annotations
 import collections
 from typing import Any
 
-from tpu_magic.core.errors import ShardError
 from tpu_magic.core.layouts import VariableShard
 
 # A replicated variable at least this share of a device's memory gets a note.
 LOUD_SHARE = 0.10
-SHARDS = ("data", "model", "auto")
-
-
-def parse_mesh(text: str | None, devices: int) -> tuple[int, int]:
-    """`--mesh BxM` (None: one row over all devices, `1x<devices>`).
-
-    Raises:
-        ShardError: not `BxM`, or B×M is not the number of devices.
-    """
-    if text is None:
-        return 1, devices
-    parts = text.lower().replace("×", "x").split("x")
-    try:
-        rows, columns = (int(p) for p in parts)
-    except ValueError:
-        raise ShardError(f"--mesh {text!r}: write it as BxM, data rows by model columns, e.g. "
-                         f"--mesh 1x{devices} or --mesh 2x{max(devices // 2, 1)}") from None
-    if rows < 1 or columns < 1 or rows * columns != devices:
-        divisors = [m for m in range(1, devices + 1) if devices % m == 0]
-        raise ShardError(f"--mesh {text}: {rows}×{columns} is not the {devices} devices here; "
-                         "use one of " + ", ".join(f"{devices // m}x{m}" for m in divisors))
-    return rows, columns
-
-
-def check_shard(shard: str | None, mesh: str | None) -> str:
-    """The `--shard` value, checked ("data" where none was given and no mesh either).
-
-    Raises:
-        ShardError: an unknown value, or a mesh with `--shard data`.
-    """
-    chosen = (shard or ("model" if mesh else "data")).lower()
-    if chosen not in SHARDS:
-        raise ShardError(f"--shard {shard!r}: use data (replicate the model, split the batch), "
-                         "model (split the model's large variables too, on JAX) or auto (data "
-                         "where the memory plan fits, else the fewest model columns that fit)")
-    if chosen in ("data", "auto") and mesh:
-        raise ShardError(f"--mesh {mesh} lays out the model over its columns: use it with "
-                         "--shard model (or leave --mesh out for data parallelism)")
-    return chosen
-
-
-def connection_for(connection: Any, shard: str | None, mesh: str | None
-                   ) -> tuple[Any, tuple[int, int] | None]:
-    """The connection a cell trains on, and its mesh (None: data parallel, as connected).
-
-    Raises:
-        ShardError: a bad --shard or --mesh, or a backend without model parallelism.
-    """
-    if check_shard(shard, mesh) in ("data", "auto"):  # auto: data until the plan says (see
-        return connection, None                         # memory_plan.choose)
-    rows, columns = parse_mesh(mesh, connection.replicas)
-    return connection.backend.model_parallel(connection, rows, columns), (rows, columns)
 
 
 def of_model(connection: Any, model: Any, mesh: tuple[int, int]) -> tuple[list[str], list[str]]:
