@@ -175,3 +175,23 @@ def test_the_map_names_every_module_and_only_modules_that_exist():
             short = folder.removeprefix("tpu_magic.")
             if not short.endswith("datasets"):
                 assert f"`{short}/`" in text, f"ARCHITECTURE.md does not show the folder {short}/"
+
+
+LONGEST_FUNCTION = 60  # lines, decorators left out: a longer one is two jobs
+
+
+def _long_functions(tree: ast.Module, limit: int = LONGEST_FUNCTION) -> list[str]:
+    return [f"{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > limit]
+
+
+def test_no_function_is_longer_than_sixty_lines():
+    found = {name: _long_functions(_tree(path)) for name, path in _modules().items()}
+    assert {name: long for name, long in found.items() if long} == {}
+
+
+def test_the_length_rule_finds_a_long_function():
+    tree = ast.parse("def f():\n" + "    x = 1\n" * 60 + "def g():\n    pass\n")
+    assert _long_functions(tree) == ["f (61 lines)"]

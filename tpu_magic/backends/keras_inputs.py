@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterator
 
 import keras
 import numpy as np
+from keras.src.trainers.data_adapters.data_adapter import DataAdapter
 
 from tpu_magic.core.arrays import num_samples
 from tpu_magic.core.packed import MASK, REAL, WEIGHT
@@ -79,7 +80,7 @@ def whole_batches(data: Any, rows: int, masked: bool, shuffle: bool = False,
     converted, made whole or kept here. On TensorFlow (`cut`) the batches come as a tf.data
     dataset from a generator, typed from Keras's own, that Keras distributes.
     """
-    from keras.src.trainers.data_adapters import data_adapter, get_data_adapter
+    from keras.src.trainers.data_adapters import get_data_adapter
 
     source, full_size = (data, 0) if split is None or class_weight is not None else \
         _cut_at_source(data, split)
@@ -96,107 +97,117 @@ def whole_batches(data: Any, rows: int, masked: bool, shuffle: bool = False,
         # order (Keras's own shuffle of the indices), without the parallel reads.
         inner.enqueuer = None
 
-    class WholeBatches(data_adapter.DataAdapter):
-        """Keras's adapter of the input, each batch made whole (see `whole_batches`)."""
+    return WholeBatches(data, inner, rows, masked, keep=keep, cut=cut, share=share,
+                        full_size=full_size, declared=declared)
 
-        def __init__(self) -> None:
-            self.full = 0  # the largest batch seen (after padding)
-            self.fed: list = []  # the first `keep` batches of the latest pass
-            self.reading = [0.0, 0]  # seconds spent reading batches, and how many
 
-        def get_numpy_iterator(self) -> Iterator[Any]:
-            self.fed = []
-            batches = iter(inner.get_numpy_iterator())
-            while True:
-                start = time.perf_counter()
-                try:
-                    batch = next(batches)
-                except StopIteration:
-                    return
-                # cut at the source: (the batch, whether it is this process's rows already)
-                batch, mine = batch if full_size else (batch, False)
-                if mine:  # of a full batch: nothing to pad, as `whole` gives it for `rows=1`
-                    batch, self.full = whole(batch, 1, 0, masked, cut)[0], \
-                        max(self.full, full_size)
-                else:
-                    batch, self.full = whole(batch, rows, self.full, masked, cut)
-                self.reading[0] += time.perf_counter() - start
-                if batch is None:
-                    continue
-                self.reading[1] += 1
-                if len(self.fed) < keep:  # where cut at the source, this process's rows
-                    self.fed.append(batch)
-                yield batch if share is None or mine else share(batch)
+class WholeBatches(DataAdapter):
+    """Keras's adapter of the input (`inner`), each batch made whole (see `whole_batches`;
+    `full_size`: where cut at the source, a full batch's rows, 0 elsewhere; `declared`: the
+    batch the input declares)."""
 
-        def first(self, k: int) -> list:
-            return self.fed[:k]
+    def __init__(self, data: Any, inner: Any, rows: int, masked: bool, *, keep: int,
+                 cut: bool, share: Callable[[Any], Any] | None, full_size: int,
+                 declared: int | None) -> None:
+        self.data, self.inner, self.rows, self.masked = data, inner, rows, masked
+        self.keep, self.cut, self.share = keep, cut, share
+        self.full_size, self.declared = full_size, declared
+        self.full = 0  # the largest batch seen (after padding)
+        self.fed: list = []  # the first `keep` batches of the latest pass
+        self.reading = [0.0, 0]  # seconds spent reading batches, and how many
 
-        def peek(self) -> Any:
-            """The first batch, made whole, where it can be read without changing what Keras
-            reads next (see `first_batch_safely`); None where it cannot."""
-            first = first_batch_safely(data)
-            return None if first is None else whole(first, rows, 0, masked, cut)[0]
+    def get_numpy_iterator(self) -> Iterator[Any]:
+        self.fed = []
+        batches = iter(self.inner.get_numpy_iterator())
+        full_size, rows, masked, cut = self.full_size, self.rows, self.masked, self.cut
+        while True:
+            start = time.perf_counter()
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            # cut at the source: (the batch, whether it is this process's rows already)
+            batch, mine = batch if full_size else (batch, False)
+            if mine:  # of a full batch: nothing to pad, as `whole` gives it for `rows=1`
+                batch, self.full = whole(batch, 1, 0, masked, cut)[0], \
+                    max(self.full, full_size)
+            else:
+                batch, self.full = whole(batch, rows, self.full, masked, cut)
+            self.reading[0] += time.perf_counter() - start
+            if batch is None:
+                continue
+            self.reading[1] += 1
+            if len(self.fed) < self.keep:  # where cut at the source, this process's rows
+                self.fed.append(batch)
+            yield batch if self.share is None or mine else self.share(batch)
 
-        def read_seconds(self) -> tuple[float, int]:
-            """Time spent reading and making batches whole as Keras read them, and how many
-            batches (the input's share of a step, measured without reading it again)."""
-            return self.reading[0], self.reading[1]
+    def first(self, k: int) -> list:
+        return self.fed[:k]
 
-        def get_jax_iterator(self) -> Iterator[Any]:
-            return self.get_numpy_iterator()  # Keras's JAX trainer places NumPy batches
+    def peek(self) -> Any:
+        """The first batch, made whole, where it can be read without changing what Keras
+        reads next (see `first_batch_safely`); None where it cannot."""
+        first = first_batch_safely(self.data)
+        return None if first is None else whole(first, self.rows, 0, self.masked, self.cut)[0]
 
-        def get_tf_dataset(self) -> Any:
-            """The batches as a tf.data dataset (TensorFlow's trainer), typed from the first
-            whole batch. That batch is read from the first pass itself (a spec from Keras's
-            own adapter would read a generator's first batches, lost to the epoch)."""
-            import tensorflow as tf
+    def read_seconds(self) -> tuple[float, int]:
+        """Time spent reading and making batches whole as Keras read them, and how many
+        batches (the input's share of a step, measured without reading it again)."""
+        return self.reading[0], self.reading[1]
 
-            first_pass = self.get_numpy_iterator()
-            first = next(first_pass, None)
-            if first is None:
-                return tf.data.Dataset.from_tensors(0).take(0)
-            spec = tf.nest.map_structure(
-                lambda a: tf.TensorSpec((None,) + np.shape(a)[1:], tf.as_dtype(np.asarray(a).dtype)),
-                first)
-            # Under a strategy Keras's TensorFlow trainer reads one batch of a first pass to
-            # build the model (`_maybe_symbolic_build`, in fit, evaluate and predict alike)
-            # and starts the epoch on a second: the first two passes read one tape of the
-            # first pass's batches, so what the first read (that batch, and whatever
-            # tf.data's prefetch took, even after it was left) reaches the second, and a
-            # one-shot generator loses nothing. The second pass takes each batch off the
-            # tape as it reads it (the tape holds at most the prefetched few).
-            tape = _Tape(itertools.chain([first], first_pass))
-            count = itertools.count(1)
+    def get_jax_iterator(self) -> Iterator[Any]:
+        return self.get_numpy_iterator()  # Keras's JAX trainer places NumPy batches
 
-            def passes() -> Iterator[Any]:
-                n = next(count)
-                return tape.read(keep=n == 1) if n <= 2 else self.get_numpy_iterator()
+    def get_tf_dataset(self) -> Any:
+        """The batches as a tf.data dataset (TensorFlow's trainer), typed from the first
+        whole batch. That batch is read from the first pass itself (a spec from Keras's
+        own adapter would read a generator's first batches, lost to the epoch)."""
+        import tensorflow as tf
 
-            return tf.data.Dataset.from_generator(passes, output_signature=spec)
+        first_pass = self.get_numpy_iterator()
+        first = next(first_pass, None)
+        if first is None:
+            return tf.data.Dataset.from_tensors(0).take(0)
+        spec = tf.nest.map_structure(
+            lambda a: tf.TensorSpec((None,) + np.shape(a)[1:], tf.as_dtype(np.asarray(a).dtype)),
+            first)
+        # Under a strategy Keras's TensorFlow trainer reads one batch of a first pass to
+        # build the model (`_maybe_symbolic_build`, in fit, evaluate and predict alike)
+        # and starts the epoch on a second: the first two passes read one tape of the
+        # first pass's batches, so what the first read (that batch, and whatever
+        # tf.data's prefetch took, even after it was left) reaches the second, and a
+        # one-shot generator loses nothing. The second pass takes each batch off the
+        # tape as it reads it (the tape holds at most the prefetched few).
+        tape = _Tape(itertools.chain([first], first_pass))
+        count = itertools.count(1)
 
-        @property
-        def num_batches(self) -> int | None:
-            return inner.num_batches
+        def passes() -> Iterator[Any]:
+            n = next(count)
+            return tape.read(keep=n == 1) if n <= 2 else self.get_numpy_iterator()
 
-        @property
-        def batch_size(self) -> int | None:
-            return self.full or declared
+        return tf.data.Dataset.from_generator(passes, output_signature=spec)
 
-        @property
-        def has_partial_batch(self) -> bool | None:
-            return inner.has_partial_batch
+    @property
+    def num_batches(self) -> int | None:
+        return self.inner.num_batches
 
-        @property
-        def partial_batch_size(self) -> int | None:
-            return inner.partial_batch_size
+    @property
+    def batch_size(self) -> int | None:
+        return self.full or self.declared
 
-        def on_epoch_begin(self) -> None:
-            inner.on_epoch_begin()
+    @property
+    def has_partial_batch(self) -> bool | None:
+        return self.inner.has_partial_batch
 
-        def on_epoch_end(self) -> None:
-            inner.on_epoch_end()
+    @property
+    def partial_batch_size(self) -> int | None:
+        return self.inner.partial_batch_size
 
-    return WholeBatches()
+    def on_epoch_begin(self) -> None:
+        self.inner.on_epoch_begin()
+
+    def on_epoch_end(self) -> None:
+        self.inner.on_epoch_end()
 
 
 def _cut_at_source(data: Any, split: Any) -> tuple[Any, int]:

@@ -66,8 +66,13 @@ def diagnose(runtime: Runtime, backend: str | None = None, wants_tpu: bool = Fal
         backend: the backend chosen or asked for ("tf" or "jax"), if known.
         wants_tpu: whether the user asked for a TPU (`local`, a TPU name or address).
     """
+    return (_backend_traps(runtime, backend) + _tpu_traps(runtime, backend, wants_tpu)
+            + _gpu_traps(runtime))
+
+
+def _backend_traps(runtime: Runtime, backend: str | None) -> tuple[Finding, ...]:
+    """Keras started on another backend than the one asked for."""
     found = []
-    env, installed = runtime.env, runtime.installed
     wanted_keras = {"tf": "tensorflow", "jax": "jax"}.get(backend or "")
     if runtime.keras_backend and wanted_keras and runtime.keras_backend != wanted_keras and \
             runtime.keras_by_us:
@@ -81,6 +86,13 @@ def diagnose(runtime: Runtime, backend: str | None = None, wants_tpu: bool = Fal
             "(Keras fixes its backend on import)",
             "restart the runtime and run `%load_ext tpu_magic` and `%tpu_connect` before "
             "`import keras`"))
+    return tuple(found)
+
+
+def _tpu_traps(runtime: Runtime, backend: str | None, wants_tpu: bool) -> tuple[Finding, ...]:
+    """What keeps the TPU from this process: TensorFlow beside JAX, libtpu's lock, no TPU."""
+    found = []
+    env, installed = runtime.env, runtime.installed
     if runtime.tpu_vm and "tensorflow-tpu" in installed and "jax" in installed:
         found.append(Finding(
             f"tensorflow-tpu {installed['tensorflow-tpu']} is installed beside JAX on a TPU VM; "
@@ -112,6 +124,13 @@ def diagnose(runtime: Runtime, backend: str | None = None, wants_tpu: bool = Fal
                 "Runtime > Change runtime type > TPU, then run the notebook again"
                 if where == "Colab" else
                 "Settings > Accelerator > TPU VM v5e-8 (or v6e-8), then run the notebook again"))
+    return tuple(found)
+
+
+def _gpu_traps(runtime: Runtime) -> tuple[Finding, ...]:
+    """JAX and TensorFlow on one GPU."""
+    found = []
+    env, installed = runtime.env, runtime.installed
     if runtime.gpu and "jax" in installed and any(
             n in installed for n in ("tensorflow", "tensorflow-tpu")) and \
             "XLA_PYTHON_CLIENT_MEM_FRACTION" not in env and \

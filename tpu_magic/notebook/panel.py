@@ -109,6 +109,33 @@ class Panel:
         self.trained = False  # a %%tpu_train cell has trained a model
         self.cannot_train: str | None = None  # why Train cannot repeat the last fit
 
+        self._make_widgets(w, address, device, replicas)
+
+        self.check_button.on_click(self._on_check)
+        self.sync_button.on_click(self._on_sync)
+        self.save_button.on_click(self._on_save)
+        self.train_button.on_click(self._on_train)
+        self.stop_button.on_click(self._on_stop)
+        self.batch_size.observe(self._validate, names="value")
+        self.epochs.observe(self._validate, names="value")
+        self.widget = w.VBox([
+            w.HTML("<b>tpu_magic</b>"),
+            w.HBox([self.address, self.check_button]),
+            self.status,
+            self.device,
+            w.HBox([self.batch_size, self.epochs, self.scale_lr, self.train_button,
+                    self.stop_button]),
+            self.batch_note,
+            w.HBox([self.progress]),
+            self.metrics,
+            self.plot,
+            w.HBox([self.sync_button, self.save_path, self.save_button]),
+            self.details,
+        ], layout=w.Layout(border="1px solid #ddd", padding="6px", width="fit-content"))
+        self._validate()
+
+    def _make_widgets(self, w: Any, address: str, device: str, replicas: int) -> None:
+        """The panel's widgets, each an attribute (its rows are laid out in `__init__`)."""
         self.address = w.Text(value=address, description="Address",
                               placeholder="auto, local, grpc://HOST:8470, gpu or cpu",
                               layout=w.Layout(width="340px"))
@@ -137,29 +164,6 @@ class Panel:
         self.stop_button = w.Button(description="Stop", icon="stop", disabled=True,
                                     tooltip="stop at the next batch, keeping the weights")
         self.batch_note = w.HTML("")
-
-        self.check_button.on_click(self._on_check)
-        self.sync_button.on_click(self._on_sync)
-        self.save_button.on_click(self._on_save)
-        self.train_button.on_click(self._on_train)
-        self.stop_button.on_click(self._on_stop)
-        self.batch_size.observe(self._validate, names="value")
-        self.epochs.observe(self._validate, names="value")
-        self.widget = w.VBox([
-            w.HTML("<b>tpu_magic</b>"),
-            w.HBox([self.address, self.check_button]),
-            self.status,
-            self.device,
-            w.HBox([self.batch_size, self.epochs, self.scale_lr, self.train_button,
-                    self.stop_button]),
-            self.batch_note,
-            w.HBox([self.progress]),
-            self.metrics,
-            self.plot,
-            w.HBox([self.sync_button, self.save_path, self.save_button]),
-            self.details,
-        ], layout=w.Layout(border="1px solid #ddd", padding="6px", width="fit-content"))
-        self._validate()
 
     def _ipython_display_(self) -> None:  # `display(panel)` shows the widgets
         from IPython.display import display
