@@ -586,6 +586,8 @@ def test_shard_auto_keeps_data_parallel_where_it_fits_and_splits_the_model_where
     chosen = re.search(r"mesh (\d)x(\d)$", report.memory_plan)
     rows, columns = int(chosen.group(1)), int(chosen.group(2))
     assert rows * columns == 8 and columns > 1 and report.replicas == rows
+    # the fit's inputs were planned and built again for the chosen mesh's data rows
+    assert report.per_replica == report.global_batch // rows
     planned = float(re.search(r"memory plan: ([\d.e-]+)", report.memory_plan).group(1))
     assert planned <= 0.9 * 0.6 * data_peak
     assert report.sharding[0].startswith(f"sharding: mesh {rows}x{columns}")

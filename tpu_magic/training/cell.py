@@ -359,10 +359,7 @@ class TrainingCell:
         plan = self._plan("fit", model, call, named)
         self._fit_settings(model, call, named, plan)
         seed, resume_from = self._resume(model, call)
-        batch = self.inputs.for_fit(model, call, plan, seed)
-        if batch and not plan.global_batch:  # a dataset's batch, where it says so
-            plan = plan_batches(batch, self.connection.replicas, what="the dataset's batch")
-        self._settle(model, call["x"])  # before anything runs: it may refuse
+        plan, batch = self._placed_inputs(model, call, named, plan, seed)
         timing = FitTiming(global_batch=batch, flops_per_sample=self.flops.per_sample(model),
                            tokens_per_sample=utilization.tokens_per_sample(recorded.arguments["x"]))
         progress = self._progress(timing, call, recorded.arguments["x"])
@@ -425,21 +422,36 @@ class TrainingCell:
         call["initial_epoch"] = resume_from.epoch
         return resume_from.seed, resume_from
 
-    def _settle(self, model: Any, data: Any) -> None:
-        """The placement before the fit's first step (`placement.settle`)."""
-        self._placed(placement.settle(self.placement, self.request, model, data))
+    def _placed_inputs(self, model: Any, call: dict, named: set, plan: BatchPlan,
+                       seed: int) -> tuple[BatchPlan, int]:
+        """The fit's inputs as whole batches, for the placement it trains on: settled from
+        their first batch before anything runs (`placement.settle`: the memory plan, which
+        may refuse, and `--shard auto`'s choice); where auto lays the model out over a mesh,
+        the batch is planned and the inputs built again, for that mesh. Returns the batch's
+        plan, and the batch a step takes."""
+        given = dict(call)
+        batch = self.inputs.for_fit(model, call, plan, seed)
+        if self._placed(placement.settle(self.placement, self.request, model, call["x"])):
+            call.clear()
+            call.update(given)
+            plan = self._plan("fit", model, call, named)
+            batch = self.inputs.for_fit(model, call, plan, seed)
+        if batch and not plan.global_batch:  # a dataset's batch, where it says so
+            plan = plan_batches(batch, self.connection.replicas, what="the dataset's batch")
+        return plan, batch
 
-    def _placed(self, settled: placement.Placement) -> None:
+    def _placed(self, settled: placement.Placement) -> bool:
         """The cell trains on `settled` from now on: its later inputs are built for it, and
-        the report names it."""
-        if settled.connection is not self.placement.connection:
-            self.placement = settled
+        the report names it. Returns whether the connection changed."""
+        moved = settled.connection is not self.placement.connection
+        self.placement = settled
+        if moved:
             self.inputs = self._inputs()
             self.record.strategy = settled.connection.strategy_name
             self.record.replicas = settled.connection.replicas
-        self.placement = settled
         if settled.memory_plan is not None:
             self.record.memory_plan = settled.memory_plan
+        return moved
 
     def _progress(self, timing: FitTiming, call: dict, given: Any) -> FitProgress:
         """The fit's bar and live view, measuring into `timing`."""
