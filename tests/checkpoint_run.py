@@ -19,7 +19,7 @@ from cells import SETUP  # noqa: E402
 from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
 from traitlets.config import Config  # noqa: E402
 
-from tpu_magic.backends import tf as tf_backend  # noqa: E402
+from tpu_magic.backends.tf import backend as tf_backend  # noqa: E402
 
 CELL = """
 keras.utils.set_random_seed(3)

@@ -35,7 +35,7 @@ def _unit_only(config) -> bool:
 
 def pytest_configure(config):
     if not _unit_only(config):
-        from tpu_magic.backends import tf as tf_backend
+        from tpu_magic.backends.tf import backend as tf_backend
 
         tf_backend.configure_logical_cpus(REPLICAS)
 

@@ -11,7 +11,7 @@ from IPython.core.error import UsageError
 
 import tpu_magic
 from tpu_magic.connecting import connect as connect_module
-from tpu_magic.backends import tf as tf_backend
+from tpu_magic.backends.tf import backend as tf_backend
 from tpu_magic.core import process
 from tpu_magic.connecting.check import version_warnings
 

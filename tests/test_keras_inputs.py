@@ -6,7 +6,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tpu_magic.backends.jax_data import RowSplit
+from tpu_magic.backends.jax.data import RowSplit
 from tpu_magic.backends.keras_inputs import _cut_at_source, whole_batches
 from tpu_magic.core.packed import MASK
 

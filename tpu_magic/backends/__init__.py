@@ -186,7 +186,7 @@ def select(choice: BackendChoice) -> None:
                                 "Keras reads its backend once, when first imported")
 
 
-_MODULES = {"tf": "tpu_magic.backends.tf", "jax": "tpu_magic.backends.jax"}
+_MODULES = {"tf": "tpu_magic.backends.tf.backend", "jax": "tpu_magic.backends.jax.backend"}
 
 
 def get(name: str) -> Backend:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Mapping, Protocol
 
 if TYPE_CHECKING:
-    from tpu_magic.backends.compile_cache import CompileCounts
+    from tpu_magic.backends.jax.compile_cache import CompileCounts
     from tpu_magic.core.devices import DeviceView, StepMemory
     from tpu_magic.core.session import Connection
     from tpu_magic.core.steps import StepState

@@ -188,7 +188,7 @@ class TensorFlowBackend(Named):
     # -- inputs ----------------------------------------------------------------------------
 
     def inputs(self) -> Any:
-        from tpu_magic.backends import tf_data as pipeline
+        from tpu_magic.backends.tf import data as pipeline
 
         return pipeline
 
@@ -227,7 +227,7 @@ class TensorFlowBackend(Named):
 
     def _whole_dataset(self, data: Any, batch: int | None, strategy: Any,
                        note: Callable[[str], None], masked: bool) -> Any:
-        from tpu_magic.backends import tf_data as pipeline
+        from tpu_magic.backends.tf import data as pipeline
 
         replicas = getattr(strategy, "num_replicas_in_sync", 1)
         if not (masked and batch and pipeline.labelled(data)):
@@ -241,7 +241,7 @@ class TensorFlowBackend(Named):
         return pipeline.whole_batches(data, batch, strategy)
 
     def dataset_batch_size(self, data: Any) -> int | None:
-        from tpu_magic.backends.tf_data import dataset_batch_size
+        from tpu_magic.backends.tf.data import dataset_batch_size
 
         return dataset_batch_size(data)
 

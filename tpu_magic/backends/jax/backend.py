@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
-from tpu_magic.backends import compile_cache as cache
+from tpu_magic.backends.jax import compile_cache as cache
 from tpu_magic.backends.protocol import Named
 from tpu_magic.core import process
 from tpu_magic.core.devices import DeviceView, StepMemory, chip_named, device_name, host_memory, \
@@ -164,7 +164,7 @@ _keras_distribute_data_input: Any = None  # Keras's own, while they are
 def _whole_where_indivisible(keras_own: Callable[..., Any]) -> Callable[..., Any]:
     """Keras's `distribute_data_input`, except that a batch the layout's axes do not divide
     goes to every device whole (replicated) instead of failing."""
-    from tpu_magic.backends.jax_data import WholeRows
+    from tpu_magic.backends.jax.data import WholeRows
 
     def distribute_data_input(per_process_batch: Any, layout: Any, batch_dim_name: str) -> Any:
         jax = require_jax()
@@ -461,7 +461,7 @@ class JaxBackend(Named):
     # -- inputs ----------------------------------------------------------------------------
 
     def inputs(self) -> Any:
-        from tpu_magic.backends import jax_data
+        from tpu_magic.backends.jax import data as jax_data
 
         return jax_data
 
@@ -482,7 +482,7 @@ class JaxBackend(Named):
         they are, whole on every device where the mesh's data rows do not divide them. On
         several hosts each host feeds its own rows of every batch (`jax_data.process_share`;
         a tf.data dataset's full batches are cut inside its pipeline)."""
-        from tpu_magic.backends.jax_data import process_share, row_split
+        from tpu_magic.backends.jax.data import process_share, row_split
         from tpu_magic.backends.keras_inputs import whole_batches
 
         split = row_split(strategy)
@@ -516,7 +516,7 @@ class JaxBackend(Named):
         return require_jax().process_index() == 0  # one process a host: process 0 writes
 
     def shard_writer(self, model: Any) -> Any:
-        from tpu_magic.backends.jax_checkpoint import ShardWriter, wanted
+        from tpu_magic.backends.jax.checkpoint import ShardWriter, wanted
 
         if model is None:  # to read a checkpoint written shard by shard
             return ShardWriter()
@@ -712,7 +712,7 @@ class JaxBackend(Named):
         shape = "x".join(str(d) for d in mesh.shape)
         described = (f"{type(distribution).__name__} over a {shape} mesh "
                      f"({', '.join(mesh.axis_names)})")
-        from tpu_magic.backends.jax_data import data_rows
+        from tpu_magic.backends.jax.data import data_rows
 
         return dataclasses.replace(connection, strategy=distribution,
                                    replicas=data_rows(distribution)), described
