@@ -35,7 +35,7 @@ WAYS = ("keras", "tpu_magic")
 
 def run_way(way: str, replicas: int, fits: int) -> list[tuple[float, float]]:
     """K fits one way, in this process; returns (fit seconds, wait seconds) per fit."""
-    from tpu_magic.backends.tf.backend import configure_logical_cpus
+    from tpu_magic.backends.tf.connect import configure_logical_cpus
 
     configure_logical_cpus(replicas)
     import keras
