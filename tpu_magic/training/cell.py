@@ -26,7 +26,7 @@ from tpu_magic.core.variables import name_of
 from tpu_magic.training import (checkpoints, exactness, memory_plan, parity, planning,
                                 precision, routing, sharding, utilization)
 from tpu_magic.training.agreement import ReplicasAgree
-from tpu_magic.training.cell_code import hand_written_loop, names_in
+from tpu_magic.training.cell_code import hand_written_loop, layout_owners, names_in
 from tpu_magic.training.inputs import Inputs, given_batch_size
 from tpu_magic.training.model_setup import prepare
 from tpu_magic.training.progress import FitProgress, FitTiming, TrainingView
@@ -108,7 +108,10 @@ class TrainingCell:
                  agreed: frozenset = frozenset(),
                  watch: Callable[[str], ContextManager[Any]] | None = None):
         # --shard model: the cell trains on a mesh (data rows, model columns) of the devices
-        connection, self.mesh = sharding.connection_for(connection, options.shard, options.mesh)
+        self.code = ""  # run's cell: the classes it names lay out a mesh (`layout_owners`)
+        self.layout_owners = lambda: layout_owners(self.code, namespace)
+        connection, self.mesh = sharding.connection_for(connection, options.shard, options.mesh,
+                                                        self.layout_owners)
         self.connection = connection
         self.options = options
         self.namespace = namespace
@@ -135,6 +138,7 @@ class TrainingCell:
         """Rewraps the models the cell names, then runs it with the strategy in force."""
         __tracebackhide__ = True  # noqa: F841 - the cell's own errors show the cell, not us
         start = time.perf_counter()
+        self.code = cell
         if self.options.batch_size is not None:  # a bad flag fails before anything runs
             plan_batches(self.options.batch_size, self.connection.replicas, what="--batch-size")
         if self.options.checkpoint is not None:
@@ -503,7 +507,7 @@ def _plan_memory(cell: TrainingCell, model: Any, data: Any) -> None:
     options = cell.options
     if (options.shard or "").lower() == "auto" and cell.mesh is None:
         connection, mesh, cell.report.memory_plan = memory_plan.choose(
-            cell.connection, model, data, options.plan_for)
+            cell.connection, model, data, options.plan_for, cell.layout_owners)
         if mesh is not None:
             connection.backend.reshard(model, connection)
             cell.connection, cell.mesh = connection, mesh

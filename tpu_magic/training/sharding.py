@@ -60,9 +60,10 @@ def check_shard(shard: str | None, mesh: str | None) -> str:
     return chosen
 
 
-def connection_for(connection: Any, shard: str | None, mesh: str | None
+def connection_for(connection: Any, shard: str | None, mesh: str | None, owners: Any = None
                    ) -> tuple[Any, tuple[int, int] | None]:
-    """The connection a cell trains on, and its mesh (None: data parallel, as connected).
+    """The connection a cell trains on, and its mesh (None: data parallel, as connected);
+    `owners` gives the classes whose layout maps apply (`cell_code.layout_owners`).
 
     Raises:
         ShardError: a bad --shard or --mesh, or a backend without model parallelism.
@@ -70,7 +71,7 @@ def connection_for(connection: Any, shard: str | None, mesh: str | None
     if check_shard(shard, mesh) in ("data", "auto"):  # auto: data until the plan says (see
         return connection, None                         # memory_plan.choose)
     rows, columns = parse_mesh(mesh, connection.replicas)
-    return connection.backend.model_parallel(connection, rows, columns), (rows, columns)
+    return connection.backend.model_parallel(connection, rows, columns, owners), (rows, columns)
 
 
 def of_model(connection: Any, model: Any, mesh: tuple[int, int]) -> tuple[list[str], list[str]]:
