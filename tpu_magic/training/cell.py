@@ -2,8 +2,8 @@
 
 `fit`, `evaluate` and `predict` of the models a `%%tpu_train` cell runs (and, later, of
 the models it built or rewrapped: see `routing`) go through `TrainingCell`: the batch
-is checked before anything runs, NumPy inputs become whole batches (see `backends.tf_data`,
-`backends.jax_data`), padding is masked out of losses and metrics (see `exactness`), and `fit`
+is checked before anything runs, NumPy inputs become whole batches (see `backends.tf.data`,
+`backends.jax.data`), padding is masked out of losses and metrics (see `exactness`), and `fit`
 gets a live progress bar and a report.
 """
 

@@ -35,8 +35,6 @@ def one_device_steps(model: Any, before: StepState, batches: list,
 
 def _one_device_steps(model: Any, before: StepState, batches: list,
                       one_device_copy: Callable[[], Any]) -> tuple[dict, StepState]:
-    import keras
-
     copy = one_device_copy()
     with reading(model):
         for ours, theirs, host in zip(state_groups(copy)[:2], state_groups(model)[:2],
