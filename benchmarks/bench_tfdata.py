@@ -35,14 +35,14 @@ WAYS = ("keras", "tpu_magic")
 
 def run_way(way: str, replicas: int, fits: int) -> list[tuple[float, float]]:
     """K fits one way, in this process; returns (fit seconds, wait seconds) per fit."""
-    from tpu_magic.backends.tf import configure_logical_cpus
+    from tpu_magic.backends.tf.connect import configure_logical_cpus
 
     configure_logical_cpus(replicas)
     import keras
     import numpy as np
     import tensorflow as tf
 
-    from tpu_magic.backends import tf_data as pipeline
+    from tpu_magic.backends.tf import data as pipeline
     from tpu_magic.training.exactness import enable
 
     strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)])

@@ -19,7 +19,7 @@ from cells import SETUP  # noqa: E402
 from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
 from traitlets.config import Config  # noqa: E402
 
-from tpu_magic.backends import tf as tf_backend  # noqa: E402
+from tpu_magic.backends.tf import connect as tf_connect  # noqa: E402
 
 CELL = """
 keras.utils.set_random_seed(3)
@@ -39,7 +39,7 @@ def main() -> None:
     parser.add_argument("--marker")
     args = parser.parse_args()
 
-    tf_backend.configure_logical_cpus(8)
+    tf_connect.configure_logical_cpus(8)
     config = Config()
     config.HistoryManager.enabled = False
     shell = InteractiveShell.instance(config=config)

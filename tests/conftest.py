@@ -35,9 +35,9 @@ def _unit_only(config) -> bool:
 
 def pytest_configure(config):
     if not _unit_only(config):
-        from tpu_magic.backends import tf as tf_backend
+        from tpu_magic.backends.tf import connect as tf_connect
 
-        tf_backend.configure_logical_cpus(REPLICAS)
+        tf_connect.configure_logical_cpus(REPLICAS)
 
 
 def pytest_ignore_collect(collection_path, config):

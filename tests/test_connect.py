@@ -11,7 +11,7 @@ from IPython.core.error import UsageError
 
 import tpu_magic
 from tpu_magic.connecting import connect as connect_module
-from tpu_magic.backends import tf as tf_backend
+from tpu_magic.backends.tf import connect as tf_connect
 from tpu_magic.core import process
 from tpu_magic.connecting.check import version_warnings
 
@@ -152,12 +152,12 @@ class FakeTpuRuntime:
         return f"resolver:{address}"
 
     def strategy(self, resolver):
-        return tf_backend.mirrored_strategy(tf, tuple(f"/cpu:{i}" for i in range(8)))
+        return tf_connect.mirrored_strategy(tf, tuple(f"/cpu:{i}" for i in range(8)))
 
 
 def test_tpu_initialised_once_and_a_second_target_needs_a_restart(fresh, monkeypatch):
     fake = FakeTpuRuntime()
-    monkeypatch.setattr(tf_backend, "tpu_runtime", fake)
+    monkeypatch.setattr(tf_connect, "tpu_runtime", fake)
     monkeypatch.setattr(process, "_tpu_system", None)
     result = fresh.run_line_magic("tpu_connect", "local")
     assert (result.kind, result.target, result.replicas) == ("tpu", "local", 8)

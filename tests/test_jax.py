@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tpu_magic.backends.jax import host_device_flags
+from tpu_magic.backends.jax.connect import host_device_flags
 
 HERE = Path(__file__).parent
 

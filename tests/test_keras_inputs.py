@@ -6,7 +6,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tpu_magic.backends.jax_data import RowSplit
+from tpu_magic.backends.jax.data import RowSplit
 from tpu_magic.backends.keras_inputs import _cut_at_source, whole_batches
 from tpu_magic.core.packed import MASK
 
@@ -19,7 +19,7 @@ def _dataset():  # 203 = 6 x 32 + 11: a short last batch
         lambda a, b: (a * 2.0, b)).batch(32)
 
 
-def _own_rows(batch):  # what a host keeps of a whole batch (`jax_data.process_share`)
+def _own_rows(batch):  # what a host keeps of a whole batch (`jax.data.process_share`)
     return keras.tree.map_structure(lambda v: SECOND_OF_TWO.mine(np.asarray(v)), batch)
 
 

@@ -113,7 +113,7 @@ def test_a_custom_steps_loss_scaled_by_the_replicas_is_caught_with_the_fix_off(
     # tpu_magic's `replica_steps` undoes it. With it switched off, the check sees 1/8.
     import contextlib
 
-    from tpu_magic.backends.tf import TensorFlowBackend
+    from tpu_magic.backends.tf.backend import TensorFlowBackend
 
     monkeypatch.setattr(TensorFlowBackend, "replica_steps",
                         lambda self, model, connection: contextlib.nullcontext())

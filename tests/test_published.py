@@ -655,7 +655,7 @@ model = create_model()
 model.compile(optimizer="adam",
               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 """)
-    from tpu_magic.backends import tf_data as pipeline
+    from tpu_magic.backends.tf import data as pipeline
 
     assert pipeline.unseeded_shuffle(sim8.user_ns["unseeded"])
     assert not pipeline.unseeded_shuffle(sim8.user_ns["get_dataset"](200))

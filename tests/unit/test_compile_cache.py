@@ -2,7 +2,7 @@
 
 import pytest
 
-from tpu_magic.backends.compile_cache import CompileCounts, choose_directory, version_key
+from tpu_magic.backends.jax.compile_cache import CompileCounts, choose_directory, version_key
 
 VERSIONS = {"jax": "0.7.2", "jaxlib": "0.7.2", "libtpu": "0.0.21"}
 KEY = "jax-0.7.2_jaxlib-0.7.2_libtpu-0.0.21"

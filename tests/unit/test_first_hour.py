@@ -38,7 +38,7 @@ def test_no_tpu_names_the_platforms_own_menu(env, menu):
 def test_a_runtimes_own_stderr_stays_out_of_the_cell(capfd):
     import os
 
-    from tpu_magic.backends.jax import _native_stderr_kept
+    from tpu_magic.backends.jax.connect import _native_stderr_kept
 
     with _native_stderr_kept() as said:
         os.write(2, b"E0000 could not determine TPU accelerator type\n=== Source Location Trace\n")
@@ -60,7 +60,7 @@ class _JaxStartedWith:
 def test_after_a_failed_tpu_probe_the_rehearsal_advice_is_a_line_that_works_next():
     # issue 34: the advice was `%tpu_connect --simulate 8`, which then failed ("JAX already
     # started with 1") and dropped --backend jax
-    from tpu_magic.backends.jax import _rehearsal_from_here
+    from tpu_magic.backends.jax.connect import _rehearsal_from_here
     from tpu_magic.core.target import no_tpu_fix
 
     fix = no_tpu_fix({"COLAB_RELEASE_TAG": "x"}, _rehearsal_from_here(_JaxStartedWith(1)))

@@ -1,7 +1,8 @@
 """The Keras backends tpu_magic trains on, and which one runs (`--backend tf|jax|auto`).
 
 Everything that differs between TensorFlow and JAX lives in one object per backend,
-`backends/tf.py` and `backends/jax.py`, behind the `Backend` protocol (`protocol.py`): the rest
+`BACKEND` of `tf/backend.py` and of `jax/backend.py` (each package's other modules do its
+jobs), behind the `Backend` protocol (`protocol.py`): the rest
 of tpu_magic asks the connection's backend and never branches on its name (the split
 follows Keras's own `backend/{tensorflow,jax}/trainer.py`).
 
@@ -25,9 +26,10 @@ from tpu_magic.core.errors import ConnectError
 
 from tpu_magic.backends.protocol import Backend
 
-BACKENDS = ("tf", "jax")
-KERAS_NAME = {"tf": "tensorflow", "jax": "jax"}
-_FROM_KERAS = {"tensorflow": "tf", "jax": "jax"}
+KERAS_NAME = {"tf": "tensorflow", "jax": "jax"}  # each backend (as after --backend): Keras's name
+BACKENDS = tuple(KERAS_NAME)
+_FROM_KERAS = {keras: name for name, keras in KERAS_NAME.items()}
+_TRAINS_WITH = " or ".join(KERAS_NAME.values())  # "tensorflow or jax", for messages
 
 
 @dataclass(frozen=True)
@@ -69,14 +71,14 @@ def choose_backend(requested: str, keras_backend: str | None, env: Mapping[str, 
         ConnectError: an unknown backend, or one that contradicts the imported keras.
     """
     wanted = requested.strip().lower()
-    wanted = {"tensorflow": "tf"}.get(wanted, wanted)
+    wanted = _FROM_KERAS.get(wanted, wanted)
     if wanted not in BACKENDS + ("auto",):
-        raise ConnectError(f"--backend {requested!r}: use tf, jax or auto")
+        raise ConnectError(f"--backend {requested!r}: use {', '.join(BACKENDS)} or auto")
     imported = _FROM_KERAS.get(keras_backend) if keras_backend else None
     if keras_backend and imported is None:
         raise ConnectError(
             f"keras is already imported with the {keras_backend} backend; tpu_magic trains with "
-            "tensorflow or jax. Restart the runtime, then run `%tpu_connect` before importing keras.")
+            f"{_TRAINS_WITH}. Restart the runtime, then run `%tpu_connect` before importing keras.")
     if wanted == "auto":
         if imported:
             return BackendChoice(imported, f"keras is already imported with the {keras_backend} "
@@ -88,7 +90,7 @@ def choose_backend(requested: str, keras_backend: str | None, env: Mapping[str, 
         choice = _auto(tpu_vm, installed, importable)
         if set_in_env:  # e.g. torch, a common Colab GPU setting: said, not silently replaced
             return BackendChoice(choice.backend, f"KERAS_BACKEND={set_in_env} is set, but "
-                                 "tpu_magic trains with tensorflow or jax, so it uses "
+                                 f"tpu_magic trains with {_TRAINS_WITH}, so it uses "
                                  f"{KERAS_NAME[choice.backend]} ({choice.reason})")
         return choice
     if imported and imported != wanted:
@@ -186,7 +188,9 @@ def select(choice: BackendChoice) -> None:
                                 "Keras reads its backend once, when first imported")
 
 
-_MODULES = {"tf": "tpu_magic.backends.tf", "jax": "tpu_magic.backends.jax"}
+# Each backend's module holding its `BACKEND` (named here, not built from the name: the
+# architecture test reads these strings as imports).
+_MODULES = {"tf": "tpu_magic.backends.tf.backend", "jax": "tpu_magic.backends.jax.backend"}
 
 
 def get(name: str) -> Backend:

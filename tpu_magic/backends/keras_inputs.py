@@ -75,7 +75,7 @@ def whole_batches(data: Any, rows: int, masked: bool, shuffle: bool = False,
     batches of each pass are kept (`first`), for the first-step parity check. `share`:
     what of each whole batch this process gives Keras (several hosts: its own rows; the
     batches kept, `peek` and the batch size stay the global batch's). `split` (with
-    `share`, a `jax_data.RowSplit`): a tf.data dataset's full batches leave its pipeline as
+    `share`, a `jax.data.RowSplit`): a tf.data dataset's full batches leave its pipeline as
     this process's rows alone (`_cut_at_source`), so the other hosts' rows are never
     converted, made whole or kept here. On TensorFlow (`cut`) the batches come as a tf.data
     dataset from a generator, typed from Keras's own, that Keras distributes.

@@ -1,12 +1,13 @@
-"""What a backend is: the `Backend` protocol each of `tf.py` and `jax.py` satisfies, and
-the `InputBuilder` protocol of their input modules (`tf_data.py`, `jax_data.py`)."""
+"""What a backend is: the `Backend` protocol each of `tf/backend.py` and `jax/backend.py`
+satisfies, and the `InputBuilder` protocol of their input modules (`tf/data.py`,
+`jax/data.py`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Mapping, Protocol
 
 if TYPE_CHECKING:
-    from tpu_magic.backends.compile_cache import CompileCounts
+    from tpu_magic.backends.jax.compile_cache import CompileCounts
     from tpu_magic.core.devices import DeviceView, StepMemory
     from tpu_magic.core.session import Connection
     from tpu_magic.core.steps import StepState
@@ -14,7 +15,7 @@ if TYPE_CHECKING:
 
 
 class InputBuilder(Protocol):
-    """NumPy inputs → whole, padded batches (`tf_data` for TensorFlow, `jax_data` for JAX).
+    """NumPy inputs → whole, padded batches (`tf/data.py` for TensorFlow, `jax/data.py` for JAX).
 
     Each returns an `arrays.Pipeline`: the dataset to give Keras, its steps, the samples,
     the padding and the samples left out. `remainder` says what becomes of the samples
@@ -143,7 +144,7 @@ class Backend(Protocol):
 
     def shard_writer(self, model: Any) -> Any:
         """What writes this model's checkpoints shard by shard, on every process at once
-        (`backends.jax_checkpoint.ShardWriter`: several hosts, or a model split over the
+        (`backends.jax.checkpoint.ShardWriter`: several hosts, or a model split over the
         devices), or None: one file, written by the process that `leads`. `model` None: a
         reader of such checkpoints (None where this backend cannot read them)."""
 
@@ -151,10 +152,14 @@ class Backend(Protocol):
         """`value` summed over the replicas, inside a step (the value itself where a step
         sees the global batch)."""
 
-    def model_parallel(self, connection: "Connection", rows: int, columns: int) -> "Connection":
+    def model_parallel(self, connection: "Connection", rows: int, columns: int,
+                       owners: Callable[[], Iterable[type]] | None = None) -> "Connection":
         """The connection for a cell that lays the model out over a `rows` × `columns` mesh
         of the connection's devices (data × model), a variable's layout from the model's
-        own layout map, else from its shape (`core.layouts.derived_spec`).
+        own layout map, else from its shape (`core.layouts.derived_spec`). A variable made
+        while the cell runs takes the map of a class `owners()` gives, asked then (the
+        classes the cell names: `training.cell_code.layout_owners`); one that exists
+        already, its model's.
 
         Raises:
             ShardError: this backend has no model parallelism.

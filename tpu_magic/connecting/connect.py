@@ -85,7 +85,7 @@ def connect(
         timeout: seconds a TPU node may take to answer.
         backend: the Keras backend, "tf", "jax" or "auto" (see `backends.choose_backend`).
         compile_cache: JAX's persistent compilation cache: a directory, "off", or None to
-            choose one that outlives the process (see `backends.compile_cache`); JAX only.
+            choose one that outlives the process (see `backends.jax.compile_cache`); JAX only.
         env: environment to decide `auto` from (default `os.environ`).
         signs: machine signs for `auto` (default: read from this machine).
         probe_tf: the bounded TensorFlow connect check for TPU nodes.

@@ -1,7 +1,7 @@
 """NumPy inputs, backend-free: counting samples, the data order's seed, trimming outputs.
 
-Both input builders use these: `backends.tf_data` (tf.data, the TensorFlow backend) and
-`backends.jax_data` (a Keras PyDataset, the JAX backend).
+Both input builders use these: `backends.tf.data` (tf.data, the TensorFlow backend) and
+`backends.jax.data` (a Keras PyDataset, the JAX backend).
 """
 
 from __future__ import annotations

@@ -30,6 +30,23 @@ def require_tensorflow() -> ModuleType:
         raise MissingDependencyError(TENSORFLOW_FIX) from None
 
 
+JAX_FIX = ("JAX is not installed: `pip install \"tpu_magic[jax]\"` (CPU), `pip install "
+           "\"jax[tpu]\"` on a TPU VM or `pip install \"jax[cuda12]\"` for GPUs, then restart "
+           "the runtime.")
+
+
+def require_jax() -> ModuleType:
+    """Imports JAX.
+
+    Raises:
+        MissingDependencyError: naming the pip command that fixes it.
+    """
+    try:
+        return importlib.import_module("jax")
+    except ImportError:
+        raise MissingDependencyError(JAX_FIX) from None
+
+
 PACKAGES = ("tensorflow", "tensorflow-cpu", "tensorflow-tpu", "keras", "jax", "jaxlib", "libtpu")
 
 

@@ -1,6 +1,6 @@
 """The packed sample weight every padded batch carries: its keys, read by `exactness`.
 
-The input builders (`backends.tf_data`, `backends.jax_data`) write it, a dict of three
+The input builders (`backends.tf.data`, `backends.jax.data`) write it, a dict of three
 per-row values in place of Keras's sample weight:
 
 - `MASK`: 1 for a real sample, 0 for padding;

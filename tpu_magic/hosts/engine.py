@@ -35,7 +35,7 @@ def join(index: int, count: int, coordinator: str, local_devices: int | None,
     """
     from IPython import get_ipython
 
-    from tpu_magic.backends.jax import join_processes
+    from tpu_magic.backends.jax.processes import join_processes
     from tpu_magic.core import process
 
     process.set_environment(PROGRESS_VARIABLE, "1", "this engine's bars are drawn in the "

@@ -2,8 +2,8 @@
 
 `fit`, `evaluate` and `predict` of the models a `%%tpu_train` cell runs (and, later, of
 the models it built or rewrapped: see `routing`) go through `TrainingCell`: the batch
-is checked before anything runs, NumPy inputs become whole batches (see `backends.tf_data`,
-`backends.jax_data`), padding is masked out of losses and metrics (see `exactness`), and `fit`
+is checked before anything runs, NumPy inputs become whole batches (see `backends.tf.data`,
+`backends.jax.data`), padding is masked out of losses and metrics (see `exactness`), and `fit`
 gets a live progress bar and a report.
 """
 
@@ -26,7 +26,7 @@ from tpu_magic.core.variables import name_of
 from tpu_magic.training import (checkpoints, exactness, parity, placement, planning,
                                 precision, routing, sharding, utilization)
 from tpu_magic.training.agreement import ReplicasAgree
-from tpu_magic.training.cell_code import hand_written_loop, names_in
+from tpu_magic.training.cell_code import hand_written_loop, layout_owners, names_in
 from tpu_magic.training.inputs import Inputs, given_batch_size
 from tpu_magic.training.model_setup import prepare
 from tpu_magic.training.progress import FitProgress, FitTiming, TrainingView
@@ -109,7 +109,9 @@ class TrainingCell:
                  agreed: frozenset = frozenset(),
                  watch: Callable[[str], ContextManager[Any]] | None = None):
         self.request = request
-        self.placement = placement.place(connection, request)
+        self.code = ""  # run's cell: the classes it names lay out a mesh (`layout_owners`)
+        self.layout_owners = lambda: layout_owners(self.code, namespace)
+        self.placement = placement.place(connection, request, self.layout_owners)
         self.namespace = namespace
         self.say = say
         self.bar = bar
@@ -170,6 +172,7 @@ class TrainingCell:
 
     def _run(self, execute: Callable[[], Any], cell: str) -> None:
         __tracebackhide__ = True  # noqa: F841
+        self.code = cell
         if self.request.checkpoint is not None:
             self.checkpoints = checkpoints.CellCheckpoints(
                 self.request.checkpoint, self.request.keep, self.request.resume)
@@ -431,7 +434,9 @@ class TrainingCell:
         plan, and the batch a step takes."""
         given = dict(call)
         batch = self.inputs.for_fit(model, call, plan, seed)
-        if self._placed(placement.settle(self.placement, self.request, model, call["x"])):
+        settled = placement.settle(self.placement, self.request, model, call["x"],
+                                   self.layout_owners)
+        if self._placed(settled):
             call.clear()
             call.update(given)
             plan = self._plan("fit", model, call, named)

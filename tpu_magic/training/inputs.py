@@ -1,7 +1,7 @@
 """A call's inputs made into whole batches, for `fit` (and its validation data), `evaluate`
 and `predict`.
 
-NumPy inputs go through the backend's input builder (`backends.tf_data`, `backends.jax_data`):
+NumPy inputs go through the backend's input builder (`backends.tf.data`, `backends.jax.data`):
 whole, static-shape batches, the last one padded and its padding masked out of losses and
 metrics (see `exactness`), or, for a model whose loss cannot take the mask, whole batches of
 real samples only. A user's dataset is padded and masked, or cut to equal per-replica

@@ -67,7 +67,8 @@ def before_fit(connection: Any, model: Any, data: Any,
     return line(memory, total, where)
 
 
-def choose(connection: Any, model: Any, data: Any, planned: tuple[Chip, int] | None
+def choose(connection: Any, model: Any, data: Any, planned: tuple[Chip, int] | None,
+           owners: Any = None
            ) -> tuple[Any, tuple[int, int] | None, str | None]:
     """`--shard auto`: data parallel where its step fits a device with headroom, else the
     fewest model columns M (a divisor of the devices) whose step fits, the data rows taking
@@ -89,7 +90,8 @@ def choose(connection: Any, model: Any, data: Any, planned: tuple[Chip, int] | N
         return connection, None, line(memory, total, where) + "; --shard auto: data parallel"
     devices = connection.replicas
     for columns in [m for m in range(2, devices + 1) if devices % m == 0]:
-        candidate = connection.backend.model_parallel(connection, devices // columns, columns)
+        candidate = connection.backend.model_parallel(connection, devices // columns, columns,
+                                                      owners)
         memory = connection.backend.step_memory(model, batch, candidate)
         if memory.peak <= HEADROOM * total:
             mesh = (devices // columns, columns)

@@ -11,7 +11,7 @@ the mesh that fits. Each returns a frozen `Placement`; the cell trains on the ne
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Callable, Iterable
 
 from tpu_magic.core.session import Connection
 from tpu_magic.training import memory_plan
@@ -36,8 +36,14 @@ class Placement:
     settled: bool = False
 
 
-def place(connection: Connection, request: TrainRequest) -> Placement:
-    """The placement before the cell runs (`auto`: data parallel until `settle` chooses).
+Owners = Callable[[], Iterable[type]]  # the classes whose layout maps lay out a mesh
+
+
+def place(connection: Connection, request: TrainRequest, owners: Owners | None = None
+          ) -> Placement:
+    """The placement before the cell runs (`auto`: data parallel until `settle` chooses);
+    `owners`: asked, when a variable is made on the mesh, for the classes whose layout maps
+    apply (`cell_code.layout_owners`).
 
     Raises:
         ShardError: a backend without model parallelism.
@@ -45,11 +51,12 @@ def place(connection: Connection, request: TrainRequest) -> Placement:
     if request.shard is not Shard.MODEL:
         return Placement(connection, None, settled=request.shard is Shard.DATA)
     rows, columns = request.mesh
-    return Placement(connection.backend.model_parallel(connection, rows, columns),
+    return Placement(connection.backend.model_parallel(connection, rows, columns, owners),
                      request.mesh, settled=True)
 
 
-def settle(placement: Placement, request: TrainRequest, model: Any, data: Any) -> Placement:
+def settle(placement: Placement, request: TrainRequest, model: Any, data: Any,
+           owners: Owners | None = None) -> Placement:
     """Before a `fit`'s first step: the memory plan, and `--shard auto`'s choice (where data
     parallelism does not fit, `model` is laid out over the mesh that does).
 
@@ -58,7 +65,8 @@ def settle(placement: Placement, request: TrainRequest, model: Any, data: Any) -
     """
     connection = placement.connection
     if not placement.settled:  # --shard auto, at its first fit
-        chosen, mesh, line = memory_plan.choose(connection, model, data, request.plan_for)
+        chosen, mesh, line = memory_plan.choose(connection, model, data, request.plan_for,
+                                                owners)
         if mesh is not None:
             chosen.backend.reshard(model, chosen)
         return Placement(chosen, mesh, line, settled=mesh is not None)  # data: asks again

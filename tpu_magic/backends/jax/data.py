@@ -1,6 +1,6 @@
 """NumPy inputs as whole, padded batches for the JAX backend (a Keras `PyDataset`).
 
-The same rules as `tf_data` (tf.data, TensorFlow backend) without TensorFlow: every
+The same rules as `backends.tf.data` (tf.data, TensorFlow backend) without TensorFlow: every
 batch has exactly the global batch size, so `DataParallel` can split it over the
 devices (a smaller last batch fails: keras-team/keras#21167, ZeroDivisionError with
 fewer samples than devices). Padding is masked out of losses and metrics by `exactness`.
@@ -39,7 +39,7 @@ class PaddedBatches(keras.utils.PyDataset):
             split between the processes (`RowSplit.mine`); a short one they do not is given
             whole to every process (`WholeRows`).
 
-    With padding, batches carry `exactness`'s packed sample weight, as in `tf_data`.
+    With padding, batches carry `exactness`'s packed sample weight, as in `backends.tf.data`.
     """
 
     def __init__(self, x: Any, y: Any = None, sample_weight: Any = None, *, batch: int,
@@ -102,7 +102,7 @@ def train_pipeline(x: Any, y: Any, sample_weight: Any, batch: int, shuffle: bool
                    strategy: Any = None, remainder: str = "pad") -> Pipeline:
     """Shuffled whole batches for `fit`, the last one padded, short or left out (`remainder`).
 
-    `repeat` and `strategy` are accepted for the same signature as `tf_data.train_pipeline`:
+    `repeat` and `strategy` are accepted for the same signature as `backends.tf.data.train_pipeline`:
     Keras asks a PyDataset for each epoch's batches itself, and splits them over the devices.
     """
     data = PaddedBatches(x, y, sample_weight, batch=batch, shuffle=shuffle,

@@ -1,4 +1,5 @@
-"""NumPy inputs as tf.data pipelines of whole, static-shape batches.
+"""NumPy inputs as tf.data pipelines of whole, static-shape batches, and a user's batched
+input made whole for the replicas (`user_batches`).
 
 Every batch has exactly the global batch size (TPUs need static shapes; under
 MirroredStrategy an uneven split fails). The samples that fill the last batch
@@ -339,3 +340,43 @@ def dataset_batch_size(dataset: Any) -> int | None:
                 return None
         node = getattr(node, "_input_dataset", None)
     return None
+
+
+def user_batches(data: Any, strategy: Any, note: Callable[[str], None], masked: bool = True,
+                 *, batch: int | None = None, shuffle: bool = False, class_weight: Any = None,
+                 steps: int | None = None, keep: int = 1) -> tuple[Any, bool]:
+    """A tf.data dataset split per replica with its batches made whole (Keras maps class
+    weights into one itself). A `PyDataset` read by Keras's own adapter, one batch for one,
+    as a tf.data dataset of whole batches Keras distributes (`keras_inputs.whole_batches`):
+    short batches padded and masked, or cut to a whole number of rows per replica where the
+    loss takes no mask (a replica cannot run an uneven share). A generator or a grain
+    dataset goes to Keras's own adapter as it is (a one-shot generator lost batches to
+    Keras's build-time peek through the wrapper)."""
+    import keras
+
+    if hasattr(data, "element_spec"):
+        if class_weight:
+            return data, False
+        return _whole_dataset(data, batch, strategy, note, masked), False
+    from tpu_magic.backends.keras_inputs import whole_batches as whole_keras_batches
+
+    replicas = getattr(strategy, "num_replicas_in_sync", 1)
+    if replicas < 2 or not isinstance(data, keras.utils.PyDataset):
+        return data, False
+    return whole_keras_batches(data, replicas, masked, shuffle=shuffle,
+                               class_weight=class_weight, steps=steps, keep=keep,
+                               cut=True), True
+
+
+def _whole_dataset(data: Any, batch: int | None, strategy: Any, note: Callable[[str], None],
+                   masked: bool) -> Any:
+    replicas = getattr(strategy, "num_replicas_in_sync", 1)
+    if not (masked and batch and labelled(data)):
+        return equal_shares(data, replicas) if replicas > 1 else data
+    if getattr(strategy, "num_replicas_in_sync", 1) > 1 and unseeded_shuffle(data):
+        note("the dataset shuffles without a seed, so it cannot be split into one "
+             "pipeline per replica (each would shuffle its own way) and Keras "
+             "distributes it: freeing its iterator can make fit wait seconds to "
+             "minutes after the last step. Seed the shuffle, `shuffle(n, seed=1)`, "
+             "or call keras.utils.set_random_seed(...) before building the dataset.")
+    return whole_batches(data, batch, strategy)

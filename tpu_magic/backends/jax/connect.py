@@ -1,0 +1,157 @@
+"""Connecting through JAX: the devices of a kind, `DataParallel` over them, and
+`--simulate N`, which splits the host CPU into N XLA devices with
+`--xla_force_host_platform_device_count` (JAX reads it once, when it first starts).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import tempfile
+from typing import Any, Callable, Iterator, Mapping
+
+from tpu_magic.backends.jax import compile_cache as cache
+from tpu_magic.backends.protocol import Backend
+from tpu_magic.core import process
+from tpu_magic.core.deps import JAX_FIX, installed_versions, require_jax
+from tpu_magic.core.errors import ConnectError
+from tpu_magic.core.session import Connection
+from tpu_magic.core.target import Target, no_tpu_fix
+
+_DEVICE_COUNT = re.compile(r"--xla_force_host_platform_device_count=\d+")
+
+
+def connect(backend: Backend, chosen: Target, simulate: int | None, explicit_gpu: bool,
+            compile_cache: str | None, env: Mapping[str, str]) -> tuple[Connection, Target]:
+    """Connects through JAX and makes Keras's `DataParallel` over the devices.
+
+    `compile_cache` (a directory, "off", or None to choose) sets JAX's persistent
+    compilation cache (see `compile_cache`); where it went is one of the notes.
+
+    Raises:
+        ConnectError: no such device here, or JAX already started with another CPU split.
+        MissingDependencyError: JAX is not installed.
+    """
+    if simulate is not None:
+        process.set_environment(
+            "XLA_FLAGS", host_device_flags(os.environ.get("XLA_FLAGS", ""), simulate),
+            "JAX splits the CPU into devices once, when its runtime starts")
+        if "jax" not in sys.modules:  # a rehearsal never starts libtpu (and its stderr)
+            process.set_environment("JAX_PLATFORMS", "cpu", "JAX picks its platforms once, "
+                                    "when it starts: --simulate rehearses on the CPU")
+    jax = require_jax()
+    import keras
+
+    if simulate is not None:
+        devices, kind, target = _simulated_devices(jax, simulate), "cpu", f"simulate:{simulate}"
+    else:
+        chosen, kind, devices = _devices_of(jax, chosen, explicit_gpu, env)
+        target = chosen.label
+    # In force only inside %%tpu_train cells (its `scope()`), like a tf.distribute strategy:
+    # a global distribution would also split every batch of the user's other models.
+    distribution = keras.distribution.DataParallel(devices=list(devices))
+    chosen = Target(chosen.kind, chosen.address, chosen.reason,
+                    chosen.notes + (_cache_note(compile_cache, env),))
+    return Connection(target=target, kind=kind, replicas=len(devices), strategy=distribution,
+                      simulated=simulate is not None, devices=tuple(str(d) for d in devices),
+                      backend=backend), chosen
+
+
+def _simulated_devices(jax: Any, simulate: int) -> list:
+    """The `simulate` CPU devices JAX started with.
+
+    Raises:
+        ConnectError: JAX already started with another split.
+    """
+    devices = jax.devices("cpu")
+    if len(devices) != simulate:
+        raise ConnectError(
+            f"--simulate {simulate} needs {simulate} CPU devices, but JAX already started "
+            f"with {len(devices)}. Restart the runtime and run `%tpu_connect --backend jax "
+            f"--simulate {simulate}` before anything uses JAX.")
+    return devices
+
+
+def _devices_of(jax: Any, chosen: Target, explicit_gpu: bool, env: Mapping[str, str]
+                ) -> tuple[Target, str, list]:
+    """The devices of `chosen`'s kind (one, on the CPU): (the target, as it turned out, its
+    kind, the devices).
+
+    Raises:
+        ConnectError: JAX finds no such device here.
+    """
+    kind = chosen.kind
+    try:
+        with _native_stderr_kept() as said:  # libtpu's own lines stay out of the cell
+            devices = jax.devices(kind)
+    except RuntimeError as exc:
+        if kind == "gpu" and not explicit_gpu:  # auto saw GPU device files JAX cannot use
+            chosen = Target("cpu", None, f"{chosen.reason}, but JAX has no GPU backend "
+                                         "(`pip install \"jax[cuda12]\"`)", chosen.notes)
+            kind, devices = "cpu", jax.devices("cpu")
+        else:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else said()
+            raise ConnectError(f"JAX finds no {kind.upper()} here ({first}). "
+                               + (no_tpu_fix(env, _rehearsal_from_here(jax))
+                                  if kind == "tpu" else JAX_FIX)) from None
+    if kind == "cpu":
+        devices = devices[:1]
+    return chosen, kind, devices
+
+
+@contextlib.contextmanager
+def _native_stderr_kept() -> Iterator[Callable[[], str]]:
+    """Catches what native code writes to the process's stderr (libtpu's "could not determine
+    TPU accelerator type", its source-location traces) in a file instead of the cell; yields
+    a function giving the last line it wrote, for an error message."""
+    caught = tempfile.TemporaryFile(mode="w+")
+    try:
+        saved = os.dup(2)
+    except OSError:  # no file descriptor 2 here: nothing to keep out
+        yield lambda: ""
+        return
+    sys.stderr.flush()
+    os.dup2(caught.fileno(), 2)
+
+    def last_line() -> str:
+        caught.seek(0)
+        lines = [line.strip() for line in caught.read().splitlines() if line.strip()]
+        return lines[-1] if lines else ""
+
+    try:
+        yield last_line
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def host_device_flags(flags: str, n: int) -> str:
+    """XLA_FLAGS with the host platform split into `n` devices (any earlier count replaced)."""
+    kept = _DEVICE_COUNT.sub("", flags).split()
+    return " ".join(kept + [f"--xla_force_host_platform_device_count={n}"])
+
+
+def _cache_note(setting: str | None, env: Mapping[str, str]) -> str:
+    try:
+        return cache.enable(setting, env, installed_versions()).note()
+    except OSError as exc:
+        return f"JAX's compilation cache is off: its directory cannot be made ({exc})"
+
+
+def _rehearsal_from_here(jax: Any, cores: int = 8) -> str:
+    """How to rehearse after JAX looked for a TPU in this process: JAX has started, and it
+    splits the CPU into devices once, so `--simulate` works next only where the split is
+    already `cores` (else after a restart)."""
+    line = f"`%tpu_connect --backend jax --simulate {cores}`"
+    try:
+        started = len(jax.devices("cpu"))
+    except RuntimeError:
+        started = 0
+    if started == cores:
+        return line
+    return (f"restart the runtime (JAX started here with {started} CPU "
+            f"device{'s' * (started != 1)}, and it splits the CPU only once), then {line} "
+            "before anything uses JAX")

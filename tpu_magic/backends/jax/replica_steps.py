@@ -1,0 +1,112 @@
+"""How Keras's steps run on the devices while tpu_magic runs them: a batch the mesh's data
+rows do not divide goes whole to every device, and across processes a prediction's outputs
+are gathered inside the step. Keras on JAX computes a step over the global batch (sharded
+arrays): its losses and gradients are one device's already."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Callable, Iterator
+
+from tpu_magic.core.deps import require_jax
+from tpu_magic.core.session import Connection
+
+
+def replica_steps(model: Any, connection: Connection) -> Any:
+    """The context the model's steps run in. Across processes (several hosts) each holds
+    only its rows of a prediction, which Keras cannot read back: there the outputs are
+    gathered onto every device inside the step."""
+    if require_jax().process_count() == 1:
+        return _ragged_batches_whole()
+    return _both(_ragged_batches_whole(), _outputs_gathered(model, connection.strategy))
+
+
+@contextlib.contextmanager
+def _outputs_gathered(model: Any, distribution: Any) -> Iterator[None]:
+    """`model.predict_step` with its outputs replicated (an all-gather in the step), while a
+    call runs across processes; Keras then reads each process's copy as the whole batch."""
+    jax = require_jax()
+    everywhere = jax.sharding.NamedSharding(distribution.device_mesh.backend_mesh,
+                                            jax.sharding.PartitionSpec())
+    own = type(model).predict_step.__get__(model)
+
+    def predict_step(state: Any, data: Any) -> Any:
+        outputs, rest = own(state, data)
+        return jax.tree_util.tree_map(
+            lambda out: jax.lax.with_sharding_constraint(out, everywhere), outputs), rest
+
+    before = model.__dict__.get("predict_step")
+    object.__setattr__(model, "predict_step", predict_step)
+    model.predict_function = None
+    try:
+        yield
+    finally:
+        if before is None:
+            model.__dict__.pop("predict_step", None)
+        else:
+            object.__setattr__(model, "predict_step", before)
+        model.predict_function = None
+
+
+_ragged_lock = threading.Lock()
+_ragged_entries = 0  # how many tpu_magic calls are inside `_ragged_batches_whole`
+_keras_distribute_data_input: Any = None  # Keras's own, while they are
+
+
+def _whole_where_indivisible(keras_own: Callable[..., Any]) -> Callable[..., Any]:
+    """Keras's `distribute_data_input`, except that a batch the layout's axes do not divide
+    goes to every device whole (replicated) instead of failing."""
+    from tpu_magic.backends.jax.data import WholeRows
+
+    def distribute_data_input(per_process_batch: Any, layout: Any, batch_dim_name: str) -> Any:
+        jax = require_jax()
+        sharding = getattr(layout, "backend_layout", layout)
+        shape = tuple(getattr(per_process_batch, "shape", ()))
+        if shape and isinstance(sharding, jax.sharding.NamedSharding) and \
+                (isinstance(per_process_batch, WholeRows) or
+                 (jax.process_count() == 1 and not _divides(sharding, shape))):
+            sharding = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
+        return keras_own(per_process_batch, sharding, batch_dim_name)
+
+    return distribute_data_input
+
+
+@contextlib.contextmanager
+def _both(first: Any, second: Any) -> Iterator[None]:
+    with first, second:
+        yield
+
+
+def _divides(sharding: Any, shape: tuple) -> bool:
+    try:
+        sharding.shard_shape(shape)
+    except Exception:  # noqa: BLE001 - jax's IndivisibleError (a private class)
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def _ragged_batches_whole() -> Iterator[None]:
+    """While tpu_magic runs a model's steps: a batch the mesh's data rows do not divide (the
+    last, short batch of a model whose loss cannot be masked, a dataset's short batch,
+    `train_on_batch` of 12 rows on 8 devices) is given to every device whole, where Keras
+    would fail (jax IndivisibleError). Each device then computes the whole batch: one
+    device's computation exactly, repeated. Process-wide while any call is inside, counted
+    under a lock: the first entry saves Keras's function, the last exit puts it back."""
+    global _ragged_entries, _keras_distribute_data_input
+    from keras.src.backend.jax import distribution_lib
+
+    with _ragged_lock:
+        if _ragged_entries == 0:
+            _keras_distribute_data_input = distribution_lib.distribute_data_input
+            distribution_lib.distribute_data_input = _whole_where_indivisible(
+                _keras_distribute_data_input)
+        _ragged_entries += 1
+    try:
+        yield
+    finally:
+        with _ragged_lock:
+            _ragged_entries -= 1
+            if _ragged_entries == 0:
+                distribution_lib.distribute_data_input = _keras_distribute_data_input

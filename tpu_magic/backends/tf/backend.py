@@ -1,0 +1,180 @@
+"""Keras on TensorFlow: the `Backend` object. Each method hands its job to the module that
+does it: `connect` (strategies, TPU init, `--simulate`), `devices` (the device view), `data`
+(NumPy and user inputs as tf.data), `replica_steps` (the replicas' loss semantics),
+`variables` (mirrored variables and their strategy), `parity` (the first-step check).
+TensorFlow is imported by the methods, never here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+from tpu_magic.backends.protocol import Named
+from tpu_magic.backends.tf import connect, devices, parity, replica_steps, variables
+from tpu_magic.core.devices import DeviceView
+from tpu_magic.core.errors import ShardError
+from tpu_magic.core.flops import counted_training_flops
+from tpu_magic.core.session import Connection
+from tpu_magic.core.steps import StepState
+from tpu_magic.core.target import Target
+
+
+class TensorFlowBackend(Named):
+    """The `Backend` for Keras on TensorFlow."""
+
+    name = "tf"
+    label = "TensorFlow"
+    static_batch_is_global = False  # Keras gives each replica the Input's fixed batch
+    step_sees_global_batch = False
+    evaluates_rest = True  # see evaluate_rest
+
+    # -- connecting ------------------------------------------------------------------------
+
+    def refuses(self, chosen: Target, simulate: int | None) -> str | None:
+        return None  # TensorFlow reaches TPU nodes, TPU VMs (with tensorflow-tpu), GPUs, CPUs
+
+    def connect(self, chosen: Target, simulate: int | None, *, explicit_gpu: bool,
+                compile_cache: str | None, env: Mapping[str, str],
+                probe_node: Callable[[Target], Any] = lambda chosen: None
+                ) -> tuple[Connection, Target]:
+        return connect.connect(self, chosen, simulate, explicit_gpu, env, probe_node)
+
+    def device_view(self, connection: Connection, env: Mapping[str, str]) -> DeviceView:
+        return devices.device_view(connection, env)
+
+    # -- inputs ----------------------------------------------------------------------------
+
+    def inputs(self) -> Any:
+        from tpu_magic.backends.tf import data
+
+        return data
+
+    def runs_short_batches(self) -> bool:
+        return False  # MirroredStrategy splits a short batch unevenly, or leaves replicas empty
+
+    def repeats_input(self, steps_per_execution: int, steps_given: bool) -> bool:
+        # tf.data repeats (no stall at each epoch start), except where Keras would run whole
+        # executions of K steps on an endless dataset and so overshoot the epoch.
+        return steps_per_execution == 1 or steps_given
+
+    def user_batches(self, data: Any, strategy: Any, note: Callable[[str], None],
+                     masked: bool = True, *, batch: int | None = None, shuffle: bool = False,
+                     class_weight: Any = None, steps: int | None = None,
+                     keep: int = 1) -> tuple[Any, bool]:
+        from tpu_magic.backends.tf.data import user_batches
+
+        return user_batches(data, strategy, note, masked, batch=batch, shuffle=shuffle,
+                            class_weight=class_weight, steps=steps, keep=keep)
+
+    def dataset_batch_size(self, data: Any) -> int | None:
+        from tpu_magic.backends.tf.data import dataset_batch_size
+
+        return dataset_batch_size(data)
+
+    def steps_per_execution_note(self, connection: Connection, steps: int) -> str | None:
+        if steps > 1 and replica_steps.mirrored_replicas(connection):
+            return (f"steps_per_execution {steps} fails in Keras 3 under MirroredStrategy with "
+                    f"{connection.replicas} replicas (keras-team/keras#19246): running 1 step "
+                    "per execution here; on a TPU it applies.")
+        return None
+
+    def jit_compile_note(self, connection: Connection, model: Any) -> str | None:
+        if getattr(model, "jit_compile", False) is True and \
+                replica_steps.mirrored_replicas(connection):
+            return (f"jit_compile=True fails in TensorFlow under MirroredStrategy with "
+                    f"{connection.replicas} replicas (XLA cannot place the replicas' variables "
+                    "on one device): model runs without it here; on a TPU, XLA compiles every "
+                    "step anyway.")
+        return None
+
+    def leads(self) -> bool:
+        return True  # one process
+
+    def shard_writer(self, model: Any) -> Any:
+        return None  # one process, its variables whole in it: one HDF5 file
+
+    def replica_sum(self, value: Any) -> Any:
+        return replica_steps.replica_sum(value)
+
+    def replica_steps(self, model: Any, connection: Connection) -> Any:
+        return replica_steps.replica_steps(model, connection)
+
+    def model_parallel(self, connection: Connection, rows: int, columns: int,
+                       owners: Any = None) -> Connection:
+        raise ShardError(
+            "--shard model needs Keras on JAX: Keras's model parallelism "
+            "(keras.distribution.ModelParallel) exists only there. Restart the runtime and run "
+            "`%tpu_connect --backend jax` (add `--simulate 8` to rehearse on the CPU) before "
+            "anything imports keras.")
+
+    # -- the first-step parity check ----------------------------------------------------
+
+    def step_state(self, model: Any) -> StepState:
+        return parity.step_state(model)
+
+    def one_device_steps(self, model: Any, before: StepState, batches: list,
+                         one_device_copy: Callable[[], Any]) -> tuple[dict, StepState]:
+        return parity.one_device_steps(model, before, batches, one_device_copy)
+
+    def step_logs(self, model: Any, logs: dict) -> dict:
+        return parity.step_logs(model, logs)
+
+    def distributed_inference(self, model: Any, batch: Any) -> dict | None:
+        return parity.distributed_inference(model, batch)
+
+    def one_device_inference(self, model: Any, batch: Any,
+                             one_device_copy: Callable[[], Any]) -> dict:
+        return parity.one_device_inference(model, batch, one_device_copy)
+
+    def evaluate_rest(self, model: Any, rest: tuple,
+                      one_device_copy: Callable[[], Any]) -> dict | None:
+        return parity.evaluate_rest(model, rest, one_device_copy)
+
+    def shard_rows(self, model: Any) -> list:
+        return []
+
+    def step_memory(self, model: Any, batch: Any, connection: Connection | None = None) -> None:
+        return None  # planned on JAX, where Keras's model parallelism is
+
+    def reshard(self, model: Any, connection: Connection) -> None:
+        self.model_parallel(connection, 1, 1)  # says that it needs JAX
+
+    def compile_counts(self) -> None:
+        return None  # TensorFlow keeps no persistent compilation cache for Keras's steps
+
+    def training_flops(self, model: Any) -> tuple[float, str] | None:
+        flops = counted_training_flops(model)
+        return None if flops is None else (flops, "counted from the layers")
+
+    # -- variables -------------------------------------------------------------------------
+
+    def built_outside(self, model: Any, strategy: Any) -> bool:
+        return variables.built_outside(model, strategy)
+
+    def outside_variables(self, model: Any, strategy: Any) -> list:
+        return variables.outside_variables(model, strategy)
+
+    def users_distribution(self, connection: Connection) -> tuple[Connection, str] | None:
+        return None  # Keras's distribution API is JAX's; tf.distribute strategies are ours
+
+    def keep_in_force(self, distribution: Any) -> None:
+        return None
+
+    def place(self, model: Any, connection: Connection) -> list | None:
+        variables.place(model, connection)
+        return None
+
+    def built_for(self, model: Any, strategy: Any) -> bool:
+        return variables.built_for(model, strategy)
+
+    def reading(self, model: Any) -> Any:
+        return variables.reading(model)
+
+    def replica_values(self, variable: Any) -> list[Any]:
+        return variables.replica_values(variable)
+
+    def on_the_cpu(self) -> Any:
+        return variables.on_the_cpu()
+
+
+BACKEND = TensorFlowBackend()
