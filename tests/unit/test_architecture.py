@@ -196,3 +196,62 @@ def test_no_function_is_longer_than_sixty_lines():
 def test_the_length_rule_finds_a_long_function():
     tree = ast.parse("def f():\n" + "    x = 1\n" * 60 + "def g():\n    pass\n")
     assert _long_functions(tree) == ["f (61 lines)"]
+
+
+# The modules that write module-level state (ARCHITECTURE.md, "core."): the process's own
+# state, the registries and the two swaps of Keras's functions. Each must be named there.
+WRITERS = {"core/process.py", "training/routing.py", "notebook/workspace.py",
+           "hosts/progress.py", "backends/jax/compile_cache.py",
+           "backends/jax/replica_steps.py", "backends/tf/replica_steps.py"}
+_MUTATORS = {"append", "add", "update", "pop", "clear", "setdefault", "extend", "remove",
+             "discard", "popitem", "insert"}
+
+
+def module_writes(tree: ast.Module) -> list[str]:
+    """What a module's functions write of module-level state: `global` rebinding, items of
+    its module-level containers set or changed, and the process's environment."""
+    top = {t.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+           and isinstance(node.value, (ast.Dict, ast.List, ast.Set, ast.Call))
+           for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+           if isinstance(t, ast.Name)}
+
+    def named(value: ast.AST) -> str | None:
+        text = ast.unparse(value)
+        return text if text in top or text == "os.environ" else None
+
+    found = set()
+    for function in ast.walk(tree):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(function):
+            if isinstance(node, ast.Global):
+                found.add("global " + ", ".join(node.names))
+            elif isinstance(node, (ast.Assign, ast.AugAssign, ast.Delete)):
+                for target in getattr(node, "targets", None) or [node.target]:
+                    if isinstance(target, ast.Subscript) and named(target.value):
+                        found.add(f"{named(target.value)}[...]")
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                    node.func.attr in _MUTATORS and named(node.func.value):
+                found.add(f"{named(node.func.value)}.{node.func.attr}()")
+            elif isinstance(node, ast.Call) and ast.unparse(node.func) == "os.putenv":
+                found.add("os.putenv()")
+    return sorted(found)
+
+
+def test_only_the_named_modules_write_module_level_state():
+    writes = {path.relative_to(PACKAGE).as_posix(): module_writes(_tree(path))
+              for path in _modules().values()}
+    assert {m: w for m, w in writes.items() if w and m not in WRITERS} == {}
+    environment = {m for m, w in writes.items() if any("os.environ" in x or "putenv" in x
+                                                        for x in w)}
+    assert environment == {"core/process.py"}  # the environment is written there alone
+    rule = (ROOT / "ARCHITECTURE.md").read_text().split("- **core.**")[1].split("- **")[0]
+    assert {m for m in WRITERS if f"`{m}`" not in rule} == set(), "writers the rule omits"
+
+
+def test_the_write_rule_finds_a_write_where_there_is_one():
+    tree = ast.parse("import os\n_seen = {}\nLIMIT = 3\ndef f(k):\n    _seen[k] = 1\n"
+                     "    os.environ['X'] = '1'\n    local = {}\n    local['a'] = 1\n"
+                     "def g():\n    global LIMIT\n    LIMIT = 4\n    _seen.clear()\n")
+    assert module_writes(tree) == ["_seen.clear()", "_seen[...]", "global LIMIT",
+                                   "os.environ[...]"]
