@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 import pytest
-from cells import train
+from support.cells import train
 from IPython.core.error import UsageError
 
 import tpu_magic

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cells import train
+from support.cells import train
 from checkpoint_run import CELL
 
 from tpu_magic.training.checkpoint_store import read_checkpoint

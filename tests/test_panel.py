@@ -13,7 +13,7 @@ from tpu_magic.notebook.lossplot import loss_svg
 from tpu_magic.notebook.panel import Panel
 from tpu_magic.training.progress import FitProgress, FitTiming
 
-from cells import DENSE, SETUP, train
+from support.cells import DENSE, SETUP, train
 
 
 @pytest.fixture
@@ -279,7 +279,7 @@ def test_a_plain_cell_cannot_touch_the_model_a_panel_job_trains(panel_ip, line):
 
 def test_another_shell_cannot_change_the_connection_while_a_job_trains(panel_ip):
     from IPython.core.error import UsageError
-    from shell import TestingShell
+    from support.shell import TestingShell
     from traitlets.config import Config
 
     config = Config()

@@ -11,7 +11,7 @@ import keras
 from tpu_magic.core.atomic import atomic_path
 from tpu_magic.training.sync import SyncReport, variable_batch, weights_path
 
-from cells import DENSE, train
+from support.cells import DENSE, train
 
 BN_CNN = """
 keras.utils.set_random_seed(2)

@@ -9,7 +9,7 @@ import keras
 import tpu_magic
 from tpu_magic.training.progress import FitProgress, FitTiming
 
-from cells import DENSE, SETUP, train
+from support.cells import DENSE, SETUP, train
 
 KERAS_FIT, KERAS_PREDICT = keras.Model.fit, keras.Model.predict
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent.parent))  # tests/: the shared shell
-from shell import testing_shell  # noqa: E402
+sys.path.insert(0, str(Path(__file__).parent.parent))  # tests/: the `support` package
+from support.shell import testing_shell  # noqa: E402
 
 
 # TensorFlow blocked, as on Colab's TPU image (test_jax.py also puts this on PYTHONPATH).

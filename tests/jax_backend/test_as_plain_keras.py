@@ -12,7 +12,7 @@ BatchNorm's statistics, a loss scaled by the replicas).
 import numpy as np
 import pytest
 
-from same import both, run_cell, same_history, same_values, same_weights
+from support.same import both, run_cell, same_history, same_values, same_weights
 
 DENSE = """
 model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),

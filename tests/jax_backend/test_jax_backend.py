@@ -213,7 +213,7 @@ def test_a_model_whose_loss_cannot_be_masked_loses_no_sample_on_jax(ip):
     # Its loss comes from add_loss, which no padding mask reaches: the last, short batch
     # (203 = 6 x 32 + 11) runs as it is, whole on every device, so every sample counts and
     # the numbers are plain Keras's on one device (TensorFlow's replicas leave it out).
-    from same import plainly, same_history, same_weights
+    from support.same import plainly, same_history, same_weights
 
     setup = "data = x[:203]\n"
     cell = """
@@ -343,7 +343,7 @@ dense.fit(Slow(), epochs=2, verbose=0)
 
 # -- --shard model: a model laid out over a mesh of the 8 devices ------------------------------
 
-from cells import SHARDED  # noqa: E402  (also tests/orbax_kill_run.py's model)
+from support.cells import SHARDED  # noqa: E402  (also tests/orbax_kill_run.py's model)
 
 
 @pytest.mark.parametrize("mesh", ["1x8", "2x4"])
