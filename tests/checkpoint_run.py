@@ -15,7 +15,7 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, str(Path(__file__).parent))
 
-from support.cells import SETUP  # noqa: E402
+from support.data import SETUP  # noqa: E402
 from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
 from traitlets.config import Config  # noqa: E402
 

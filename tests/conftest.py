@@ -99,7 +99,7 @@ def sim8(fresh):
 @pytest.fixture
 def digits(sim8):
     """8 simulated replicas, with sklearn's digits as `x` and `y` in the namespace."""
-    from support.cells import SETUP
+    from support.data import SETUP
 
     sim8.run_cell(SETUP)
     return sim8

@@ -13,7 +13,8 @@ from tpu_magic.notebook.lossplot import loss_svg
 from tpu_magic.notebook.panel import Panel
 from tpu_magic.training.progress import FitProgress, FitTiming
 
-from support.cells import DENSE, SETUP, train
+from support.cells import DENSE, train
+from support.data import SETUP
 
 
 @pytest.fixture

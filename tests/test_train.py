@@ -9,7 +9,8 @@ import keras
 import tpu_magic
 from tpu_magic.training.progress import FitProgress, FitTiming
 
-from support.cells import DENSE, SETUP, train
+from support.cells import DENSE, train
+from support.data import SETUP
 
 KERAS_FIT, KERAS_PREDICT = keras.Model.fit, keras.Model.predict
 

@@ -1,13 +1,5 @@
 """Notebook cells the tests run, shared by the test modules."""
 
-SETUP = """
-import numpy as np, keras, tensorflow as tf
-from sklearn.datasets import load_digits
-digits = load_digits()
-x = (digits.data / 16.0).astype("float32")
-y = digits.target.astype("int32")
-"""
-
 DENSE = """
 keras.utils.set_random_seed(1)
 model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
