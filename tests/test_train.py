@@ -11,16 +11,9 @@ from tpu_magic.training.progress import FitProgress, FitTiming
 
 from support.cells import DENSE, train
 from support.data import SETUP
+from support.same import cpu_copy
 
 KERAS_FIT, KERAS_PREDICT = keras.Model.fit, keras.Model.predict
-
-
-def cpu_copy(model):
-    """The same model outside every strategy (what %tpu_sync will make), for reference results."""
-    copy = model.__class__.from_config(model.get_config())
-    copy.set_weights(model.get_weights())
-    copy.compile(keras.optimizers.SGD(0.1), model.loss, metrics=["accuracy"])
-    return copy
 
 
 def test_a_model_built_in_the_cell_trains_on_8_replicas(digits):
