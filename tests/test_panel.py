@@ -13,7 +13,7 @@ from tpu_magic.notebook.lossplot import loss_svg
 from tpu_magic.notebook.panel import Panel
 from tpu_magic.training.progress import FitProgress, FitTiming
 
-from support.cells import DENSE, train
+from support.cells import DENSE, dense_model, train
 from support.data import SETUP
 
 
@@ -71,8 +71,7 @@ def test_training_drives_the_panel_then_sync_and_save_work_by_click(panel_ip, tm
     panel.save_button.click()
     saved = tmp_path / "digits.weights.h5"
     assert panel.state == "ok" and saved.exists() and str(saved) in panel.details.value
-    reloaded = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
-                                 keras.layers.Dense(10, activation="softmax")])
+    reloaded = dense_model()
     reloaded.load_weights(saved)
     for got, want in zip(reloaded.get_weights(), copy.get_weights()):
         np.testing.assert_array_equal(got, want)
