@@ -22,6 +22,7 @@ from traitlets.config import Config  # noqa: E402
 
 from tpu_magic.backends import tf as tf_backend  # noqa: E402
 
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("directory")
