@@ -28,7 +28,7 @@ WAYS = {"data": "--shard data --plan-for v5e-8", "model 1x8": "--shard model --m
 CHILD = textwrap.dedent("""
     import json, re, sys
     sys.path.insert(0, {tests!r})
-    from shell import testing_shell
+    from support.shell import testing_shell
     ip = testing_shell()
     ip.run_line_magic("tpu_connect", "--simulate 8 --no-panel")
     ip.run_cell('''

@@ -15,19 +15,12 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, str(Path(__file__).parent))
 
-from cells import SETUP  # noqa: E402
+from support.cells import SIX_EPOCHS  # noqa: E402
+from support.data import SETUP  # noqa: E402
 from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
 from traitlets.config import Config  # noqa: E402
 
 from tpu_magic.backends.tf import connect as tf_connect  # noqa: E402
-
-CELL = """
-keras.utils.set_random_seed(3)
-model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
-                          keras.layers.Dense(10, activation="softmax")])
-model.compile(keras.optimizers.Adam(0.01), "sparse_categorical_crossentropy")
-model.fit(x[:600], y[:600], batch_size=64, epochs=6, verbose=0)
-"""
 
 
 def main() -> None:
@@ -49,7 +42,7 @@ def main() -> None:
         hang_while_writing(args.hang_at_epoch, Path(args.marker))
     shell.run_cell(SETUP)
     line = f"--no-progress --checkpoint {args.directory}" + (" --resume" if args.resume else "")
-    report = shell.run_cell_magic("tpu_train", line, CELL)
+    report = shell.run_cell_magic("tpu_train", line, SIX_EPOCHS)
     import numpy as np
 
     np.savez(args.weights, *shell.user_ns["model"].get_weights())

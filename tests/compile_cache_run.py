@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from shell import testing_shell  # noqa: E402
+from support.shell import testing_shell  # noqa: E402
 
 MODELS = {
     # a few layers, quick to compile: the test's

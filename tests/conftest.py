@@ -76,7 +76,7 @@ def pytest_unconfigure(config):
 
 @pytest.fixture(scope="session")
 def ip():
-    from shell import testing_shell
+    from support.shell import testing_shell
 
     yield testing_shell()
 
@@ -99,7 +99,7 @@ def sim8(fresh):
 @pytest.fixture
 def digits(sim8):
     """8 simulated replicas, with sklearn's digits as `x` and `y` in the namespace."""
-    from cells import SETUP
+    from support.data import SETUP
 
     sim8.run_cell(SETUP)
     return sim8

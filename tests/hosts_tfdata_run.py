@@ -14,15 +14,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from shell import testing_shell  # noqa: E402
+from support.data import DIGITS, IMAGES  # noqa: E402
+from support.shell import testing_shell  # noqa: E402
 
-DATA = """
-import numpy as np, keras
-from sklearn.datasets import load_digits
-digits = load_digits()
-images = np.repeat(np.repeat(digits.images[..., None] / 16.0, 2, 1), 2, 2).astype("float32")
-y = digits.target.astype("int32")
-"""
+DATA = "import numpy as np, keras\n" + DIGITS + IMAGES
 
 # a shuffled training set (seeded, reshuffled each epoch), 203 = 6 x 32 + 11: a short last
 # batch; validation and evaluate from a second dataset; an unseeded cell's model

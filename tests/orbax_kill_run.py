@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from cells import SHARDED  # noqa: E402
-from shell import testing_shell  # noqa: E402
+from support.cells import SHARDED  # noqa: E402
+from support.shell import testing_shell  # noqa: E402
 
 SAID = """
 import numpy as np, keras

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from shell import testing_shell  # noqa: E402
+from support.shell import testing_shell  # noqa: E402
 
 WIDE = """
 import numpy as np, keras

@@ -11,7 +11,7 @@ import re
 
 import numpy as np
 import pytest
-from cells import train
+from support.cells import train
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from IPython.core.error import UsageError
@@ -130,7 +130,7 @@ def test_a_cell_with_no_model_runs_and_reports_nothing_trained(sim8, capsys):
     ("two.fit([x[:200], x[:256]], y[:200], batch_size=64)", ["x[0] has 200", "x[1] has 256"]),
 ])
 def test_arrays_of_different_lengths_are_refused_before_anything_trains(digits, call, named):
-    from cells import DENSE
+    from support.cells import DENSE
 
     train(digits, DENSE + """
 a, b = keras.Input((64,)), keras.Input((64,))
@@ -153,7 +153,7 @@ two.fit([x[:64], x[:64]], y[:64], batch_size=64, verbose=0)
 @pytest.mark.parametrize("call", ["model.fit(x[:0], y[:0], batch_size=64)",
                                   "model.evaluate(x[:0], y[:0])"])
 def test_no_samples_to_fit_or_evaluate_is_a_usage_error(digits, call):
-    from cells import DENSE
+    from support.cells import DENSE
 
     train(digits, DENSE)
     with pytest.raises(UsageError, match="got 0 samples .*check the slice"):
@@ -161,7 +161,7 @@ def test_no_samples_to_fit_or_evaluate_is_a_usage_error(digits, call):
 
 
 def test_predict_of_no_samples_returns_no_rows(digits):
-    from cells import DENSE
+    from support.cells import DENSE
 
     train(digits, DENSE + "out = model.predict(x[:0])")
     assert digits.user_ns["out"].shape == (0, 10)
@@ -179,7 +179,7 @@ def test_a_cells_own_error_shows_its_line_and_no_tpu_magic_frames(digits):
 
 
 def test_shell_and_magic_lines_in_a_cell_do_not_hide_the_model_it_names(digits):
-    from cells import DENSE
+    from support.cells import DENSE
 
     digits.run_cell(DENSE)  # built outside the strategy: the cell must name it to rewrap it
     report = train(digits, "!echo hello from the shell\n"

@@ -24,12 +24,14 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from support.cells import DENSE_MODEL
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                  "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
 ARTIFACTS = Path(__file__).parent / "artifacts"
-PARAMETERS = 64 * 32 + 32 + 32 * 10 + 10  # the notebook's model
+PARAMETERS = 64 * 32 + 32 + 32 * 10 + 10  # the notebook's model, DENSE_MODEL
 
 CELLS = [
     "%load_ext tpu_magic",
@@ -39,8 +41,7 @@ import keras
 from sklearn.datasets import load_digits
 digits = load_digits()
 x, y = (digits.data / 16.0).astype("float32"), digits.target
-model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
-                          keras.layers.Dense(10, activation="softmax")])
+model = """ + DENSE_MODEL + """
 model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
 model.fit(x, y, batch_size=128)""",
     'print("SYNCED", "model_cpu" in globals() and model_cpu.count_params())',

@@ -8,18 +8,12 @@ import os
 
 import numpy as np
 import pytest
-from cells import train
+from support.cells import ADAM, train
 from IPython.core.error import UsageError
 
 import tpu_magic
 from tpu_magic.training.checkpoint_store import read_checkpoint
 
-ADAM = """
-keras.utils.set_random_seed(3)
-model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
-                          keras.layers.Dense(10, activation="softmax")])
-model.compile(keras.optimizers.Adam(0.01), "sparse_categorical_crossentropy", metrics=["accuracy"])
-"""
 FIT = "model.fit(x[:600], y[:600], batch_size=64, epochs={epochs}, verbose=0)\n"
 
 

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cells import train
-from checkpoint_run import CELL
+from support.cells import ADAM, SIX_EPOCHS, train
 
 from tpu_magic.training.checkpoint_store import read_checkpoint
 
@@ -23,7 +22,7 @@ def run(*args, timeout=300):
 
 
 def test_killed_mid_checkpoint_resumes_after_the_last_complete_epoch(digits, tmp_path):
-    train(digits, CELL)  # the uninterrupted run, in this process
+    train(digits, SIX_EPOCHS)  # the uninterrupted run, in this process
     straight = digits.user_ns["model"].get_weights()
 
     directory, marker = tmp_path / "ckpt", tmp_path / "writing"
@@ -54,13 +53,6 @@ def test_killed_mid_checkpoint_resumes_after_the_last_complete_epoch(digits, tmp
 
 
 # -- nothing lost: damaged and non-finite checkpoints, Ctrl-C --------------------------------
-
-ADAM = """
-keras.utils.set_random_seed(3)
-model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
-                          keras.layers.Dense(10, activation="softmax")])
-model.compile(keras.optimizers.Adam(0.01), "sparse_categorical_crossentropy", metrics=["accuracy"])
-"""
 
 
 def test_a_damaged_newest_checkpoint_is_moved_aside_and_never_costs_a_good_one(digits, tmp_path,

@@ -13,7 +13,8 @@ from tpu_magic.notebook.lossplot import loss_svg
 from tpu_magic.notebook.panel import Panel
 from tpu_magic.training.progress import FitProgress, FitTiming
 
-from cells import DENSE, SETUP, train
+from support.cells import DENSE, dense_model, train
+from support.data import SETUP
 
 
 @pytest.fixture
@@ -70,8 +71,7 @@ def test_training_drives_the_panel_then_sync_and_save_work_by_click(panel_ip, tm
     panel.save_button.click()
     saved = tmp_path / "digits.weights.h5"
     assert panel.state == "ok" and saved.exists() and str(saved) in panel.details.value
-    reloaded = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
-                                 keras.layers.Dense(10, activation="softmax")])
+    reloaded = dense_model()
     reloaded.load_weights(saved)
     for got, want in zip(reloaded.get_weights(), copy.get_weights()):
         np.testing.assert_array_equal(got, want)
@@ -279,7 +279,7 @@ def test_a_plain_cell_cannot_touch_the_model_a_panel_job_trains(panel_ip, line):
 
 def test_another_shell_cannot_change_the_connection_while_a_job_trains(panel_ip):
     from IPython.core.error import UsageError
-    from shell import TestingShell
+    from support.shell import TestingShell
     from traitlets.config import Config
 
     config = Config()

@@ -3,7 +3,7 @@ three kinds of silent difference caught, named and left alone, and silence on th
 that are exact. The JAX side is in jax_backend/test_as_plain_keras.py."""
 
 import pytest
-from cells import train
+from support.cells import train
 
 from tpu_magic.training import parity as parity_module
 

@@ -5,7 +5,7 @@ import pytest
 from IPython.core.error import UsageError
 
 import keras
-from cells import DENSE, train
+from support.cells import DENSE, train
 
 CNN = """
 keras.utils.set_random_seed(2)

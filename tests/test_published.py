@@ -17,54 +17,10 @@ import pytest
 from IPython.core.error import UsageError
 
 import keras
+from support.same import (both, evaluate_equals_cpu_copy, fit_equals_evaluate_at_lr0, imports,
+                          same_history_keys)
 
 KERAS_FIT = keras.Model.fit  # what Keras had before any cell
-IMPORTS = "import numpy as np, keras, tensorflow as tf\nkeras.utils.set_random_seed(7)\n"
-
-
-def both(ip, setup, cell, line="--no-progress"):
-    """Runs `setup` and `cell` plainly in a namespace of their own, then `setup` in the shell
-    and `cell` through %%tpu_train. Returns (the plain namespace, the shell's, the report)."""
-    plain: dict = {}
-    exec(IMPORTS + setup, plain)
-    exec(cell, plain)
-    ip.run_cell(IMPORTS + setup)
-    report = ip.run_cell_magic("tpu_train", line, cell)
-    return plain, ip.user_ns, report
-
-
-def same_history_keys(plain, ours, name="history"):
-    assert sorted(ours[name].history) == sorted(plain[name].history)
-
-
-def evaluate_equals_cpu_copy(ip, model, x, y, atol=1e-5):
-    """`model.evaluate` in a later plain cell (tpu_magic still routes it) equals its CPU copy's.
-
-    The copy evaluates all samples in one batch: plain Keras logs per-output losses of a
-    multi-output model batch-averaged (a last, partial batch counts as a whole one), so
-    only one batch gives the exact means the magic reports.
-    """
-    ip.run_line_magic("tpu_sync", f"{model} --as reference_copy")
-    ip.run_cell(f"ours = {model}.evaluate({x}, {y}, return_dict=True, verbose=0)\n"
-                f"theirs = reference_copy.evaluate({x}, {y}, return_dict=True, verbose=0, "
-                f"batch_size=len(keras.tree.flatten({y})[0]))")
-    ours, theirs = ip.user_ns["ours"], ip.user_ns["theirs"]
-    assert sorted(ours) == sorted(theirs)
-    for key in theirs:
-        assert ours[key] == pytest.approx(theirs[key], abs=atol), key
-
-
-def fit_equals_evaluate_at_lr0(ip, model, x, y, batch):
-    """With learning rate 0, fit's epoch logs are evaluate's on the same data (plain Keras's
-    own property; the last, partial batch must count by its real samples)."""
-    ip.run_cell(f"{model}.optimizer.learning_rate = 0.0\n"
-                f"h0 = {model}.fit({x}, {y}, batch_size={batch}, epochs=1, shuffle=False, "
-                "verbose=0)\n"
-                f"e0 = {model}.evaluate({x}, {y}, batch_size={batch}, return_dict=True, verbose=0)")
-    history, evaluation = ip.user_ns["h0"].history, ip.user_ns["e0"]
-    assert sorted(history) == sorted(evaluation)
-    for key, value in evaluation.items():
-        assert history[key][0] == pytest.approx(value, abs=1e-5), key
 
 
 # examples/vision/mnist_convnet.py: Conv2D/MaxPooling/Dropout, one-hot targets, validation_split.
@@ -398,7 +354,7 @@ def test_text_classification_with_vectorization_in_tf_data(sim8, capsys):
 
 
 def test_a_model_that_takes_strings_is_refused_before_training(sim8):
-    sim8.run_cell(IMPORTS + TEXT_SETUP + TEXT_CELL.replace("history = model.fit(train_ds, epochs=1)", ""))
+    sim8.run_cell(imports() + TEXT_SETUP + TEXT_CELL.replace("history = model.fit(train_ds, epochs=1)", ""))
     sim8.run_cell("""
 text_input = keras.Input(shape=(1,), dtype="string")
 end_to_end = keras.Model(text_input, model(vectorize_layer(text_input)))
@@ -573,7 +529,7 @@ def test_a_trained_model_predicts_any_count_in_a_later_plain_cell(sim8):
 
 
 def test_a_notebook_layer_that_cannot_be_rebuilt_is_a_usage_error_naming_it(sim8):
-    sim8.run_cell(IMPORTS + """
+    sim8.run_cell(imports() + """
 class Scaled(keras.layers.Layer):
     def __init__(self, units, scale_fn):
         super().__init__()
@@ -648,7 +604,7 @@ def test_tpu_guide_keras_example_with_a_partial_last_dataset_batch(sim8):
 
 
 def test_an_unseeded_dataset_shuffle_is_left_to_keras_with_a_note(sim8):
-    sim8.run_cell(IMPORTS + TPU_GUIDE_SETUP + """
+    sim8.run_cell(imports() + TPU_GUIDE_SETUP + """
 tf.random.set_seed(None)
 unseeded = tf.data.Dataset.from_tensor_slices((images, labels)).shuffle(203).batch(200)
 model = create_model()

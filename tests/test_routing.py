@@ -10,7 +10,7 @@ import pytest
 import keras
 from tpu_magic.training import routing
 
-from cells import DENSE, train
+from support.cells import DENSE, train
 
 
 class Recording:

@@ -11,7 +11,7 @@ import keras
 from tpu_magic.core.atomic import atomic_path
 from tpu_magic.training.sync import SyncReport, variable_batch, weights_path
 
-from cells import DENSE, train
+from support.cells import DENSE, dense_model, train
 
 BN_CNN = """
 keras.utils.set_random_seed(2)
@@ -98,8 +98,7 @@ def test_save_writes_weights_atomically_that_load_back(digits, tmp_path):
     path = tmp_path / "digits.weights.h5"
     assert report.path == str(path) and path.exists()
     assert sorted(os.listdir(tmp_path)) == ["digits.weights.h5"]  # no temporary left
-    fresh_copy = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
-                                   keras.layers.Dense(10, activation="softmax")])
+    fresh_copy = dense_model()
     fresh_copy.load_weights(path)
     for got, want in zip(fresh_copy.get_weights(), digits.user_ns["model_cpu"].get_weights()):
         np.testing.assert_array_equal(got, want)

@@ -9,17 +9,11 @@ import keras
 import tpu_magic
 from tpu_magic.training.progress import FitProgress, FitTiming
 
-from cells import DENSE, SETUP, train
+from support.cells import DENSE, dense_model, train
+from support.data import SETUP
+from support.same import cpu_copy
 
 KERAS_FIT, KERAS_PREDICT = keras.Model.fit, keras.Model.predict
-
-
-def cpu_copy(model):
-    """The same model outside every strategy (what %tpu_sync will make), for reference results."""
-    copy = model.__class__.from_config(model.get_config())
-    copy.set_weights(model.get_weights())
-    copy.compile(keras.optimizers.SGD(0.1), model.loss, metrics=["accuracy"])
-    return copy
 
 
 def test_a_model_built_in_the_cell_trains_on_8_replicas(digits):
@@ -39,8 +33,7 @@ def test_padded_training_step_has_the_gradient_of_the_real_samples(digits):
     digits.run_cell(DENSE + "before = model.get_weights()")
     train(digits, "model.fit(x[:13], y[:13], batch_size=16, epochs=1, shuffle=False)")
     trained = digits.user_ns["model"].get_weights()
-    reference = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
-                                  keras.layers.Dense(10, activation="softmax")])
+    reference = dense_model()
     reference.set_weights(digits.user_ns["before"])
     reference.compile(keras.optimizers.SGD(0.1), "sparse_categorical_crossentropy")
     reference.fit(digits.user_ns["x"][:13], digits.user_ns["y"][:13], batch_size=13,

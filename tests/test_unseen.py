@@ -11,21 +11,8 @@ logged numbers must agree: a replica factor, a padded row or a lost sample shows
 import numpy as np
 import pytest
 
-from test_published import IMPORTS, both
-
-TOLERANCE = dict(rel=1e-4, abs=1e-5)
-
-
-def same_history(plain, ours, name="history"):
-    assert sorted(ours[name].history) == sorted(plain[name].history)
-    for key, values in plain[name].history.items():
-        assert ours[name].history[key] == pytest.approx(values, **TOLERANCE), key
-
-
-def same_weights(plain, ours, model="model", atol=1e-5):
-    for a, b in zip(plain[model].get_weights(), ours[model].get_weights()):
-        np.testing.assert_allclose(b, a, atol=atol)
-
+from support.same import (TOLERANCE, both, evaluate_equals_cpu_copy, imports, same_history,
+                          same_weights)
 
 REGRESSION_DATA = """
 x = np.random.random((256, 32)).astype("float32")
@@ -235,7 +222,7 @@ history = model.fit(x[:250], y[:250], batch_size=64, epochs=2, shuffle=False, ve
 # guides/making_new_layers_and_models_via_subclassing.py: a subclassed model compiled in one
 # cell and trained in the next (it has no weights until its first call).
 def test_a_subclassed_model_compiled_but_not_built_outside_trains(sim8):
-    sim8.run_cell(IMPORTS + REGRESSION_DATA + """
+    sim8.run_cell(imports() + REGRESSION_DATA + """
 class TwoLayers(keras.Model):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -285,7 +272,7 @@ evaluation = model.evaluate(tf.constant(images[:203]), tf.constant(labels[:203])
 # guides/transfer_learning.py: a base model and a classifier on it, both built before the
 # training cell; freeze, train, unfreeze, recompile, fine-tune, in later cells.
 def test_a_base_model_and_the_model_on_it_stay_one_family(sim8):
-    sim8.run_cell(IMPORTS + """
+    sim8.run_cell(imports() + """
 x = np.random.rand(160, 16).astype("float32")
 y = np.random.randint(0, 2, 160).astype("float32")
 base = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, activation="relu"),
@@ -315,9 +302,7 @@ model.fit(x, y, batch_size=32, epochs=1, verbose=0)
 # examples/vision/mnist_convnet.py-like with BatchNormalization and a small per-replica batch
 # (4 rows a replica): the trained model and its CPU copy must answer alike.
 def test_batchnorm_with_a_small_per_replica_batch_answers_as_its_cpu_copy(sim8):
-    from test_published import evaluate_equals_cpu_copy
-
-    sim8.run_cell(IMPORTS + """
+    sim8.run_cell(imports() + """
 images = np.random.rand(200, 8, 8, 1).astype("float32")
 labels = np.random.randint(0, 10, 200)
 """)
@@ -634,9 +619,7 @@ history = model.fit(x[:250], y[:250], batch_size=64, epochs=2, shuffle=False, ve
 # guides/understanding_masking_and_padding.py / examples with Dropout: a model that
 # behaves differently in training, evaluated the same way as its CPU copy.
 def test_dropout_model_evaluates_as_its_cpu_copy(sim8):
-    from test_published import evaluate_equals_cpu_copy
-
-    sim8.run_cell(IMPORTS + REGRESSION_DATA)
+    sim8.run_cell(imports() + REGRESSION_DATA)
     sim8.run_cell_magic("tpu_train", "--no-progress", """
 model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(16, activation="relu"),
                           keras.layers.Dropout(0.5), keras.layers.Dense(1)])

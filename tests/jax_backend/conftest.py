@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent.parent))  # tests/: the shared shell
-from shell import testing_shell  # noqa: E402
+sys.path.insert(0, str(Path(__file__).parent.parent))  # tests/: the `support` package
+from support.data import DIGITS, IMAGES  # noqa: E402
+from support.shell import testing_shell  # noqa: E402
 
 
 # TensorFlow blocked, as on Colab's TPU image (test_jax.py also puts this on PYTHONPATH).
@@ -27,14 +28,7 @@ _blocker.loader.exec_module(importlib.util.module_from_spec(_blocker))
 def ip():
     shell = testing_shell()
     shell.connected = shell.run_line_magic("tpu_connect", "--simulate 8 --no-panel")
-    shell.run_cell("""
-import numpy as np, keras
-from sklearn.datasets import load_digits
-digits = load_digits()
-x = (digits.data / 16.0).astype("float32")
-y = digits.target.astype("int32")
-images = np.repeat(np.repeat(digits.images[..., None] / 16.0, 2, 1), 2, 2).astype("float32")
-""")
+    shell.run_cell("import numpy as np, keras\n" + DIGITS + IMAGES)
     return shell
 
 

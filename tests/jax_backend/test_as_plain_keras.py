@@ -12,7 +12,8 @@ BatchNorm's statistics, a loss scaled by the replicas).
 import numpy as np
 import pytest
 
-from same import both, run_cell, same_history, same_values, same_weights
+from support.cells import CNN, train
+from support.same import both, run_cell, same_history, same_values, same_weights
 
 DENSE = """
 model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
@@ -24,10 +25,6 @@ ROWS = """
 x = np.random.RandomState(0).rand(203, 8).astype("float32")
 y = np.random.RandomState(1).randint(0, 3, 203)
 """
-
-
-def train(ip, cell, line="--no-progress"):
-    return ip.run_cell_magic("tpu_train", line, cell)
 
 
 # -- class 1: datasets -----------------------------------------------------------------------
@@ -225,8 +222,6 @@ history = model.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
 
 def test_the_check_is_silent_where_the_step_is_exact_and_says_so_in_the_report(ip, capsys):
     # the seeds' CNN: BatchNormalization, Dropout, a short last batch (203 = 6 x 32 + 11)
-    from test_jax_backend import CNN
-
     report = train(ip, CNN + "cnn.fit(images[:203], y[:203], batch_size=32, verbose=0)",
                    "--no-progress --verify on")
     assert report.parity.agrees and report.parity.seconds > 0

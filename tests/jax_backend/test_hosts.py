@@ -15,7 +15,7 @@ import pytest
 from IPython.core.error import UsageError
 
 import tpu_magic
-from test_jax_backend import CNN, SHARDED, train
+from support.cells import CNN, SHARDED, train
 
 FIT = ("history = cnn.fit(images[:203], y[:203], batch_size=32, epochs=2, shuffle=False)\n"
        "evaluation = cnn.evaluate(images[203:316], y[203:316], return_dict=True)\n"

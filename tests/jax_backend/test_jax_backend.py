@@ -8,20 +8,8 @@ import pytest
 from IPython.core.error import UsageError
 
 import tpu_magic
+from support.cells import CNN, SHARDED, train
 
-CNN = """
-keras.utils.set_random_seed(0)
-cnn = keras.Sequential([
-    keras.Input((16, 16, 1)),
-    keras.layers.BatchNormalization(),
-    keras.layers.Conv2D(16, 3, padding="same", activation="relu"),
-    keras.layers.MaxPooling2D(),
-    keras.layers.Flatten(),
-    keras.layers.Dropout(0.25),
-    keras.layers.Dense(10, activation="softmax"),
-])
-cnn.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
-"""
 LSTM = """
 keras.utils.set_random_seed(0)
 words = (x[:, :40] * 16).astype("int32")
@@ -30,10 +18,6 @@ hidden = keras.layers.LSTM(16)(keras.layers.Embedding(17, 8)(inputs))
 lstm = keras.Model(inputs, keras.layers.Dense(10, activation="softmax")(hidden))
 lstm.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
 """
-
-
-def train(ip, cell, line="--no-progress"):
-    return ip.run_cell_magic("tpu_train", line, cell)
 
 
 def test_connect_uses_data_parallel_over_8_devices_and_no_tensorflow(ip):
@@ -213,7 +197,7 @@ def test_a_model_whose_loss_cannot_be_masked_loses_no_sample_on_jax(ip):
     # Its loss comes from add_loss, which no padding mask reaches: the last, short batch
     # (203 = 6 x 32 + 11) runs as it is, whole on every device, so every sample counts and
     # the numbers are plain Keras's on one device (TensorFlow's replicas leave it out).
-    from same import plainly, same_history, same_weights
+    from support.same import plainly, same_history, same_weights
 
     setup = "data = x[:203]\n"
     cell = """
@@ -342,8 +326,6 @@ dense.fit(Slow(), epochs=2, verbose=0)
 
 
 # -- --shard model: a model laid out over a mesh of the 8 devices ------------------------------
-
-from cells import SHARDED  # noqa: E402  (also tests/orbax_kill_run.py's model)
 
 
 @pytest.mark.parametrize("mesh", ["1x8", "2x4"])

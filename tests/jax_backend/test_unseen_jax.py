@@ -7,8 +7,8 @@ synthetic data of the example's shapes instead of its download (no network), wit
 counts that 8 does not divide. None of these examples is used by the other published-code
 suites (tests/test_published.py, tests/test_unseen.py).
 
-Every cell runs twice from the same seed (`same.both`): plainly, with Keras on JAX on one
-device and no tpu_magic, and through `%%tpu_train` over 8 simulated devices
+Every cell runs twice from the same seed (`support.same.both`): plainly, with Keras on JAX on
+one device and no tpu_magic, and through `%%tpu_train` over 8 simulated devices
 (`keras.distribution.DataParallel`, TensorFlow blocked as on Colab's TPU image, so the data
 comes as NumPy arrays, grain datasets, `keras.utils.PyDataset`s or Python generators). What
 the two runs must share is what plain Keras makes deterministic: the same history (losses
@@ -25,8 +25,8 @@ earlier plain cell, trainable sets changed between fits, the user's own
 import numpy as np
 import pytest
 
-from same import (both, evaluate_equals_cpu_copy, fit_equals_evaluate_at_lr0, run_cell,
-                  same_history, same_values, same_weights)
+from support.same import (both, evaluate_equals_cpu_copy, fit_equals_evaluate_at_lr0,
+                          run_cell, same_history, same_values, same_weights)
 
 
 # -- The user's own keras.distribution -------------------------------------------------------

@@ -17,6 +17,9 @@ diverged run cannot prune the finite checkpoints away.
 
 Variables are matched by position and shape, not by name: Keras numbers its layer
 names per process (`dense` vs `dense_3`), and rewrapping renames them too.
+
+Keras is imported only where a checkpoint is written (for its version): the names, the
+listing, what is kept and what is resumed from are unit-tested without it.
 """
 
 from __future__ import annotations
@@ -32,7 +35,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import h5py
-import keras
 import numpy as np
 
 from tpu_magic.core.atomic import atomic_path
@@ -106,6 +108,8 @@ def state_of(model: Any, backend: Any) -> tuple[Variables, Variables, str]:
 
 def _write_file(path: Path, epoch: int, seed: int, sequence: int, weights: Variables,
                 optimizer: Variables, optimizer_class: str, adapters_only: bool = False) -> None:
+    import keras
+
     with h5py.File(path, "w") as handle:
         handle.attrs.update(format=FORMAT, epoch=epoch, seed=seed, sequence=sequence,
                             optimizer_class=optimizer_class, keras_version=keras.__version__,
@@ -229,6 +233,8 @@ def check_fits(model: Any, checkpoint: Checkpoint, strategy: Any) -> None:
 
 def _meta(epoch: int, seed: int, sequence: int, chosen: list, slots: list,
           optimizer_class: str, adapters_only: bool) -> dict:
+    import keras
+
     return {"format": FORMAT, "epoch": epoch, "seed": seed, "sequence": sequence,
             "optimizer_class": optimizer_class, "keras_version": keras.__version__,
             "adapters_only": adapters_only,

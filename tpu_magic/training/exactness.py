@@ -134,6 +134,22 @@ def enable(model: Any, replica_sum: Callable[[Any], Any] = lambda value: value) 
     tracker = getattr(model, "_loss_tracker", None)
     if tracker is None or not keras_steps(model) or model.__dict__.get(_ENABLED) is tracker:
         return False
+    object.__setattr__(model, "compute_loss", _exact_compute_loss(model, replica_sum))
+    _weigh_by_real_samples(model, tracker)
+    compiled_loss = getattr(model, "_compile_loss", None)
+    if compiled_loss is not None:
+        _on_build(compiled_loss, lambda: [_weigh_by_real_samples(model, t)
+                                          for t in compiled_loss.metrics])
+    compiled_metrics = getattr(model, "_compile_metrics", None)
+    if compiled_metrics is not None:
+        _mask_metrics(compiled_metrics)
+    object.__setattr__(model, _ENABLED, tracker)
+    return True
+
+
+def _exact_compute_loss(model: Any, replica_sum: Callable[[Any], Any]) -> Callable[..., Any]:
+    """The model's `compute_loss` over padded batches: its class's own, given the weight of
+    `_weight_for` where a batch is packed or an output is masked."""
     original_loss = type(model).compute_loss.__get__(model)
 
     def compute_loss(x=None, y=None, y_pred=None, sample_weight=None, training=True):
@@ -171,17 +187,7 @@ def enable(model: Any, replica_sum: Callable[[Any], Any] = lambda value: value) 
                 if mask is not None:
                     set_keras_mask(prediction, mask)
 
-    object.__setattr__(model, "compute_loss", compute_loss)
-    _weigh_by_real_samples(model, tracker)
-    compiled_loss = getattr(model, "_compile_loss", None)
-    if compiled_loss is not None:
-        _on_build(compiled_loss, lambda: [_weigh_by_real_samples(model, t)
-                                          for t in compiled_loss.metrics])
-    compiled_metrics = getattr(model, "_compile_metrics", None)
-    if compiled_metrics is not None:
-        _mask_metrics(compiled_metrics)
-    object.__setattr__(model, _ENABLED, tracker)
-    return True
+    return compute_loss
 
 
 def _weight_for(keras_mask: Any, rows: Any, real: Any, users: Any,

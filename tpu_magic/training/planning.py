@@ -4,20 +4,19 @@ Which batch a call means (its own `batch_size`, `--batch-size`, a batch fixed in
 model's Input, a dataset's batch, or Keras's default), whether it splits over the
 replicas, the batch NumPy data is cut into, and the inputs a connection cannot take.
 Pure decisions: nothing here trains or prints; warnings come back for the cell to say.
+Keras, NumPy and the modules that import them (`core.arrays`, `exactness`) are imported
+inside the functions that read arrays or models, so that the decisions are unit-tested
+without a framework (tests/unit/test_planning.py).
 """
 
 from __future__ import annotations
 
 import inspect
 import math
+import sys
 from typing import Any
 
-import keras
-import numpy as np
-
-from tpu_magic.core import arrays
 from tpu_magic.core.batching import TPU_TILE, BatchPlan, plan_batches, scaled_learning_rate
-from tpu_magic.training import exactness
 from tpu_magic.core.errors import BatchSizeError, InputError
 
 KERAS_DEFAULT_BATCH = 32
@@ -45,6 +44,9 @@ def as_arrays(call: dict) -> None:
 
 
 def _numpy_leaves(data: Any) -> Any:
+    import keras
+    import numpy as np
+
     if data is None or is_dataset(data) or read_once(data) or \
             isinstance(data, keras.utils.PyDataset):
         return data
@@ -57,7 +59,19 @@ def _numpy_leaves(data: Any) -> Any:
 
 def batched_input(data: Any) -> bool:
     """Input that comes in batches of its own: a dataset, a `PyDataset`, a generator."""
-    return is_dataset(data) or read_once(data) or isinstance(data, keras.utils.PyDataset)
+    return is_dataset(data) or read_once(data) or _is_keras(data, "utils", "PyDataset")
+
+
+def _is_keras(value: Any, *name: str) -> bool:
+    """Whether `value` is an instance of Keras's class `keras.NAME...`. Asked of
+    `sys.modules`: before Keras is imported there is no such instance, and the decisions here
+    need not import it."""
+    found = sys.modules.get("keras")
+    if found is None:
+        return False
+    for part in name:
+        found = getattr(found, part)
+    return isinstance(value, found)
 
 
 def read_once(data: Any) -> bool:
@@ -95,16 +109,47 @@ def plan_call(method: str, model: Any, call: dict, named: set, connection: Any,
         BatchSizeError: the batch does not split over the replicas.
         InputError: inputs this connection cannot take (see `refuse_strings`).
     """
-    replicas = connection.replicas
-    # A batch size fixed in the Input is what each replica gets (Keras splits per replica);
-    # where the backend traces the global batch, it is the global one.
+    static = static_per_replica(model, connection)
+    check_samples(method, call)
+    refuse_strings(model, call.get("x"), connection, label)
+    return choose_batch(method, call, named, connection, flag_batch, static, key)
+
+
+def static_per_replica(model: Any, connection: Any) -> int | None:
+    """The batch fixed in the model's Input as each replica gets it (None: none is fixed).
+
+    Keras splits such a batch per replica; where the backend traces the global batch, the
+    fixed batch is the global one, and each replica gets its share.
+
+    Raises:
+        BatchSizeError: a global fixed batch that does not split over the replicas.
+    """
     static = static_batch(model)
     if static is not None and connection.backend.static_batch_is_global:
-        static = plan_batches(static, replicas, what="the batch fixed in the model's Input"
-                              ).per_replica
+        static = plan_batches(static, connection.replicas,
+                              what="the batch fixed in the model's Input").per_replica
+    return static
+
+
+def choose_batch(method: str, call: dict, named: set, connection: Any, flag_batch: int | None,
+                 static: int | None, key: str = "batch_size") -> BatchPlan:
+    """Which batch a call means, checked against the connection's replicas: a dataset's
+    own, else the call's `key` where the user named it, else `--batch-size`, else the
+    Input's fixed batch, else Keras's default (for evaluate/predict batched as plain Keras
+    batches them, or rounded up to whole replicas where it does not split).
+
+    Args:
+        method / call / named / flag_batch / key: as for `plan_call`.
+        static: the Input's fixed batch per replica (`static_per_replica`), or None.
+
+    Returns:
+        A `BatchPlan` (of batch 0 where a dataset's batch cannot be told).
+
+    Raises:
+        BatchSizeError: the batch does not split over the replicas.
+    """
+    replicas = connection.replicas
     data = call.get("x")
-    check_samples(method, call)
-    refuse_strings(model, data, connection, label)
     if batched_input(data):
         batch, what = connection.backend.dataset_batch_size(data), "the dataset's batch"
         if batch is None:
@@ -136,6 +181,8 @@ def check_samples(method: str, call: dict) -> None:
     Raises:
         InputError: arrays of different lengths (each named with its length), or no samples.
     """
+    from tpu_magic.core import arrays
+
     parts = {key: call.get(key) for key in ("x", "y", "sample_weight")}
     checks = [(method, parts)]
     validation = call.get("validation_data")
@@ -173,6 +220,8 @@ def remainder_for(model: Any, connection: Any, has_targets: bool) -> str:
     model's loss takes the padding mask (`exactness`), else "drop"."""
     if not pads(model, connection):
         return "short"
+    from tpu_magic.training import exactness
+
     return "pad" if exactness.masks_reach_loss(model, has_targets) else "drop"
 
 
@@ -211,6 +260,8 @@ def refuse_strings(model: Any, data: Any, connection: Any, label: str | None = N
     """
     if connection.replicas == 1 and connection.kind != "tpu":
         return
+    from tpu_magic.core import arrays
+
     found = arrays.string_input(model, data)
     if found is not None:
         raise InputError(
@@ -233,6 +284,10 @@ def fold_class_weight(y: Any, weights: Any, class_weight: dict | None) -> Any:
     if weights is not None:
         raise InputError("fit got both class_weight and sample_weight (Keras takes one): "
                          "multiply the class weights into sample_weight, or drop one")
+    import keras
+
+    from tpu_magic.core import arrays
+
     if y is None or keras.tree.is_nested(y):
         raise InputError("class_weight works with one target array (a single output): "
                          "give per-sample weights as sample_weight instead")
@@ -241,13 +296,23 @@ def fold_class_weight(y: Any, weights: Any, class_weight: dict | None) -> Any:
 
 def split_validation(x: Any, y: Any, weights: Any, fraction: float) -> tuple[tuple, tuple]:
     """Keras's validation_split: the last samples, before shuffling, are for validation."""
-    cut = int(math.floor(arrays.num_samples(x) * (1.0 - fraction)))
+    import keras
+
+    from tpu_magic.core import arrays
+
+    cut = validation_cut(arrays.num_samples(x), fraction)
 
     def part(piece: slice) -> tuple:
         return tuple(None if a is None else keras.tree.map_structure(lambda v: v[piece], a)
                      for a in (x, y, weights))
 
     return part(slice(None, cut)), part(slice(cut, None))
+
+
+def validation_cut(samples: int, fraction: float) -> int:
+    """Where Keras's validation_split cuts `samples` rows: the first one held out (Keras's
+    own arithmetic, so that both keep the same rows for validation)."""
+    return int(math.floor(samples * (1.0 - fraction)))
 
 
 def _unit(connection: Any) -> int:
@@ -264,9 +329,9 @@ def scale_learning_rate(model: Any, plan: BatchPlan) -> str | None:
     optimizer = getattr(model, "optimizer", None)
     if optimizer is None:
         return None
-    schedule = keras.optimizers.schedules.LearningRateSchedule
-    if isinstance(optimizer.learning_rate, schedule) or \
-            isinstance(getattr(optimizer, "_learning_rate", None), schedule):
+    schedule = ("optimizers", "schedules", "LearningRateSchedule")
+    if _is_keras(optimizer.learning_rate, *schedule) or \
+            _is_keras(getattr(optimizer, "_learning_rate", None), *schedule):
         return "--scale-lr: the learning rate is a schedule, left as it is"
     base = model.__dict__.get(_BASE_RATE)
     if base is None:

@@ -2,8 +2,10 @@
 
 A cell runs twice from the same seed: plainly, in a namespace of its own (one device, no
 tpu_magic, the same Keras backend as the process), and through `%%tpu_train` in the test
-shell. The helpers here compare what the two runs left behind. Backend-agnostic: the TF
-suite and the JAX suite (tests/jax_backend) both use them.
+shell. The helpers here compare what the two runs left behind; `cpu_copy` and
+`evaluate_equals_cpu_copy` compare a trained model with its copy outside every strategy.
+Backend-agnostic: the TF suite (test_published.py, test_unseen.py, test_train.py) and the
+JAX suite (tests/jax_backend) both use them.
 """
 
 from __future__ import annotations
@@ -100,6 +102,17 @@ def _same_values(theirs, mine, tolerance):
     for a, b in zip(flat_theirs, flat_mine):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=tolerance["rel"],
                                    atol=tolerance["abs"])
+
+
+def cpu_copy(model):
+    """The same model outside every strategy (what %tpu_sync will make), compiled as
+    `support.cells.DENSE` compiles its model, for reference results in this process."""
+    import keras
+
+    copy = model.__class__.from_config(model.get_config())
+    copy.set_weights(model.get_weights())
+    copy.compile(keras.optimizers.SGD(0.1), model.loss, metrics=["accuracy"])
+    return copy
 
 
 def evaluate_equals_cpu_copy(ip, model, x, y, atol=1e-5):

@@ -1,0 +1,13 @@
+"""What the test suites share: the shell, the data, the models and cells, and the comparison
+with plain Keras on one device.
+
+- `support.shell`: the real IPython shell the tests drive.
+- `support.data`: the data cells (sklearn's digits, as rows and as images).
+- `support.cells`: the models and notebook cells (each defined once), and `train`.
+- `support.same`: "the same as plain Keras on one device", the one comparison.
+
+Found as `support` because tests/ is on sys.path: pytest puts it there for tests/conftest.py,
+tests/jax_backend/conftest.py puts it there for its own process, and the `*_run.py` scripts
+put it there themselves. Nothing here imports TensorFlow or Keras at import time: the JAX
+suite imports it before `%tpu_connect` has chosen Keras's backend.
+"""

@@ -1,0 +1,74 @@
+"""The models and notebook cells the tests run, each defined once, and `train`.
+
+Cells are source text: they run in the test shell's namespace (after a data cell of
+`support.data`), as a notebook's would. `dense_model` builds DENSE's model in the test's own
+process, outside every strategy, as a reference.
+"""
+
+# the digits' small classifier (64 pixels in, 10 classes out): the TF suite's model
+DENSE_MODEL = """keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
+                          keras.layers.Dense(10, activation="softmax")])"""
+
+DENSE = f"""
+keras.utils.set_random_seed(1)
+model = {DENSE_MODEL}
+model.compile(keras.optimizers.SGD(0.1), "sparse_categorical_crossentropy", metrics=["accuracy"])
+"""
+
+# DENSE's model under Adam, as the checkpoint tests train it
+ADAM = f"""
+keras.utils.set_random_seed(3)
+model = {DENSE_MODEL}
+model.compile(keras.optimizers.Adam(0.01), "sparse_categorical_crossentropy", metrics=["accuracy"])
+"""
+
+# six epochs of DENSE's model under Adam: checkpoint_run.py trains it in a process that is
+# killed and resumed, test_faults.py in its own process straight through
+SIX_EPOCHS = f"""
+keras.utils.set_random_seed(3)
+model = {DENSE_MODEL}
+model.compile(keras.optimizers.Adam(0.01), "sparse_categorical_crossentropy")
+model.fit(x[:600], y[:600], batch_size=64, epochs=6, verbose=0)
+"""
+
+# the JAX suite's seed CNN on `support.data.IMAGES`: BatchNormalization and Dropout
+CNN = """
+keras.utils.set_random_seed(0)
+cnn = keras.Sequential([
+    keras.Input((16, 16, 1)),
+    keras.layers.BatchNormalization(),
+    keras.layers.Conv2D(16, 3, padding="same", activation="relu"),
+    keras.layers.MaxPooling2D(),
+    keras.layers.Flatten(),
+    keras.layers.Dropout(0.25),
+    keras.layers.Dense(10, activation="softmax"),
+])
+cnn.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
+"""
+
+# a model worth laying out over a mesh (--shard model): its embedding and kernels are split
+SHARDED = """
+keras.utils.set_random_seed(5)
+tokens = np.random.RandomState(0).randint(0, 1024, (203, 16))
+targets = np.random.RandomState(1).randint(0, 1024, (203, 16))
+inputs = keras.Input((16,), dtype="int32")
+hidden = keras.layers.Embedding(1024, 512)(inputs)
+hidden = keras.layers.MultiHeadAttention(num_heads=8, key_dim=64)(hidden, hidden)
+hidden = keras.layers.Dense(1024, activation="relu")(hidden)
+sharded = keras.Model(inputs, keras.layers.Dense(1024)(hidden))
+sharded.compile(keras.optimizers.SGD(0.05),
+                keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+history = sharded.fit(tokens, targets, batch_size=32, epochs=2, shuffle=False, verbose=0)
+"""
+
+
+def dense_model():
+    """DENSE's model, uncompiled and fresh, built in this process outside every strategy."""
+    import keras  # here: the JAX suite imports this module before Keras's backend is chosen
+
+    return eval(DENSE_MODEL, {"keras": keras})
+
+
+def train(ip, cell, line="--no-progress"):
+    """Runs `cell` through `%%tpu_train LINE` in the test shell. Returns the report."""
+    return ip.run_cell_magic("tpu_train", line, cell)
