@@ -14,10 +14,10 @@ import random
 import sys
 import time
 import types
-from typing import Any, Callable, MutableMapping
+from typing import Any, Callable, Mapping, MutableMapping
 
 from tpu_magic.core import process
-from tpu_magic.core.errors import HostsError
+from tpu_magic.core.errors import HostsError, SyncError
 from tpu_magic.hosts import engine
 from tpu_magic.hosts.cluster import Hosts
 from tpu_magic.hosts.outcome import HostOutcome, failure_message
@@ -140,6 +140,36 @@ def _framework_object(value: Any) -> bool:
     keras = sys.modules.get("keras")
     return (type(value).__module__ or "").split(".")[0] == "keras" or (
         keras is not None and isinstance(value, keras.layers.Layer))
+
+
+def cpu_copy(hosts: Hosts, name: str | None, as_name: str | None, save: str | None,
+             namespace: Mapping[str, Any]) -> tuple[Any, Any]:
+    """`%tpu_sync` on several hosts: process 0's model `name` (None: the one trained last),
+    rebuilt on this kernel's CPU as a JAX model. Returns (the copy, its `SyncReport`).
+
+    Raises:
+        SyncError: nothing trained on the hosts, or a bad copy name.
+        HostsError: see `model_state`.
+    """
+    from tpu_magic.training.sync_target import copy_name
+
+    name = name or hosts.last_model
+    if name is None:
+        raise SyncError("nothing trained on the hosts yet: run a %%tpu_train cell first, "
+                        "or name the model: %tpu_sync MODEL")
+    target = copy_name(name, as_name)
+    state = model_state(hosts, name)
+    if "keras" not in sys.modules:  # the copy is a JAX model on this kernel's CPU
+        process.set_environment("KERAS_BACKEND", "jax", "the hosts' model is Keras on "
+                                "JAX; its copy here is too")
+        process.set_environment("JAX_PLATFORMS", "cpu", "the copy lives on the CPU",
+                                keep_users=True)
+    from tpu_magic.training.sync import copy_from_state
+
+    classes = {k: v for k, v in namespace.items() if isinstance(v, type)}
+    return copy_from_state(state, name=name, as_name=target, custom_objects=classes,
+                           save=save, source=f"{hosts.engines[0].label}, gathered from "
+                                             f"{len(hosts.engines)} hosts")
 
 
 def model_state(hosts: Hosts, name: str) -> dict:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import os
-import sys
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
@@ -183,59 +182,35 @@ class TpuMagics(Magics, Configurable):
 
     def _sync(self, model: str | None, as_name: str | None, save: str | None,
               action: str = "%tpu_sync", adapters: bool = False):
-        """`%tpu_sync` and the panel's buttons: a CPU copy bound in the user's namespace."""
+        """`%tpu_sync` and the panel's buttons: a CPU copy, bound in the user's namespace
+        here (the one place it is bound)."""
+        from tpu_magic.core import process
         from tpu_magic.notebook.quiet import quiet_native_logs, tensorflow_info_silenced
-        from tpu_magic.core.session import session
-
-        from tpu_magic.training.sync_target import choose_model, copy_name
 
         workspace = self.workspace
         workspace.require_idle(action)  # a job would change the weights mid-copy
-        from tpu_magic.core import process
-
         if process.hosts() is not None:
-            return self._sync_from_hosts(process.hosts(), model, as_name, save)
-        # What can be refused is refused before TensorFlow or Keras is imported.
-        name, _ = choose_model(self.shell.user_ns, model, workspace.last_model,
-                               workspace.last_model_name)
-        copy_name(name, as_name)
-        quiet_native_logs()
-        current = session()
-        with tensorflow_info_silenced():
-            from tpu_magic.training.sync import sync_into
+            from tpu_magic.hosts.run import cpu_copy
 
-            return sync_into(self.shell.user_ns, model, as_name, save,
-                             last_model=workspace.last_model,
-                             last_name=workspace.last_model_name,
-                             backend=current.backend if current is not None else None,
-                             adapters=adapters)
+            new, report = cpu_copy(process.hosts(), model, as_name, save, self.shell.user_ns)
+        else:
+            from tpu_magic.core.session import session
+            from tpu_magic.training.sync_target import chosen_copy
 
-    def _sync_from_hosts(self, hosts, model: str | None, as_name: str | None,
-                         save: str | None):
-        """`%tpu_sync` on several hosts: process 0's model, rebuilt here on the CPU."""
-        from tpu_magic.core import process
-        from tpu_magic.core.errors import SyncError
-        from tpu_magic.hosts import run
-        from tpu_magic.training.sync_target import copy_name
+            # What can be refused is refused before TensorFlow or Keras is imported.
+            chosen_copy(self.shell.user_ns, model, as_name, workspace.last_model,
+                        workspace.last_model_name)
+            quiet_native_logs()
+            current = session()
+            with tensorflow_info_silenced():
+                from tpu_magic.training.sync import sync_copy
 
-        name = model or hosts.last_model
-        if name is None:
-            raise SyncError("nothing trained on the hosts yet: run a %%tpu_train cell first, "
-                            "or name the model: %tpu_sync MODEL")
-        target = copy_name(name, as_name)
-        state = run.model_state(hosts, name)
-        if "keras" not in sys.modules:  # the copy is a JAX model on this kernel's CPU
-            process.set_environment("KERAS_BACKEND", "jax", "the hosts' model is Keras on "
-                                    "JAX; its copy here is too")
-            process.set_environment("JAX_PLATFORMS", "cpu", "the copy lives on the CPU",
-                                    keep_users=True)
-        from tpu_magic.training.sync import copy_from_state
-
-        classes = {k: v for k, v in self.shell.user_ns.items() if isinstance(v, type)}
-        new, report = copy_from_state(state, name=name, as_name=target, custom_objects=classes,
-                                      save=save, source=f"{hosts.engines[0].label}, "
-                                                        f"gathered from {len(hosts.engines)} hosts")
-        self.shell.user_ns[target] = new
+                new, report = sync_copy(
+                    self.shell.user_ns, model, as_name, save, last_model=workspace.last_model,
+                    last_name=workspace.last_model_name,
+                    backend=current.backend if current is not None else None,
+                    adapters=adapters)
+        self.shell.user_ns[report.as_name] = new
         return report
 
     @magic_arguments()

@@ -14,7 +14,7 @@ import copy
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, MutableMapping
+from typing import Any, Mapping
 
 import keras
 import numpy as np
@@ -399,15 +399,14 @@ def save_weights(model: Any, path: Path) -> None:
         raise SyncError(f"could not write {str(path)!r}: {exc.strerror or exc}") from None
 
 
-def sync_into(namespace: MutableMapping[str, Any], name: str | None, as_name: str | None,
+def sync_copy(namespace: Mapping[str, Any], name: str | None, as_name: str | None,
               save: str | None, last_model: Any = None,
               last_name: str | None = None, backend: Any = None,
-              adapters: bool = False) -> SyncReport:
-    """`%tpu_sync`: picks the model, copies it, and binds the copy in the namespace."""
+              adapters: bool = False) -> tuple[Any, SyncReport]:
+    """`%tpu_sync`: picks the model and copies it. Returns (the copy, its report, which names
+    the copy's name); the magic binds it."""
     name, model = choose_model(namespace, name, last_model, last_name)
     target = copy_name(name, as_name)
-    new, report = sync_to_cpu(model, name=name, as_name=target,
-                              custom_objects=custom_objects_from(namespace, model), save=save,
-                              backend=backend, adapters=adapters)
-    namespace[target] = new
-    return report
+    return sync_to_cpu(model, name=name, as_name=target,
+                       custom_objects=custom_objects_from(namespace, model), save=save,
+                       backend=backend, adapters=adapters)

@@ -43,3 +43,15 @@ def copy_name(name: str, as_name: str | None) -> str:
         raise SyncError(f"--as {chosen!r} is not a Python name: use letters, digits and "
                         "underscores, e.g. --as model_cpu")
     return chosen
+
+
+def chosen_copy(namespace: Mapping[str, Any], name: str | None, as_name: str | None,
+                last_model: Any = None, last_name: str | None = None) -> tuple[str, str]:
+    """(the model's name, its copy's name), checked: what `%tpu_sync` refuses, refused
+    before anything heavy is imported.
+
+    Raises:
+        SyncError: see `choose_model` and `copy_name`.
+    """
+    name, _ = choose_model(namespace, name, last_model, last_name)
+    return name, copy_name(name, as_name)
