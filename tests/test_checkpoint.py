@@ -12,7 +12,7 @@ from support.cells import ADAM, train
 from IPython.core.error import UsageError
 
 import tpu_magic
-from tpu_magic.training.checkpoint_store import read_checkpoint
+from tpu_magic.training.checkpoint_file import read_checkpoint
 
 FIT = "model.fit(x[:600], y[:600], batch_size=64, epochs={epochs}, verbose=0)\n"
 

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from tpu_magic.core.errors import CheckpointError
-from tpu_magic.training.checkpoint_store import (CheckpointStore, Variables, _write_file,
-                                                 mismatch, not_finite, read_checkpoint)
+from tpu_magic.training.checkpoint_file import read_checkpoint, write_file
+from tpu_magic.training.checkpoint_state import Variables, mismatch, not_finite
+from tpu_magic.training.checkpoint_store import CheckpointStore
 
 WEIGHTS = (np.arange(4, dtype="float32").reshape(2, 2), np.ones(3, "float32"))
 
@@ -23,7 +24,7 @@ def write(monkeypatch):
 
     def write(directory, sequence, epoch, weights=WEIGHTS):
         path = directory / f"ckpt-{sequence:06d}-epoch-{epoch:04d}.h5"
-        _write_file(path, epoch, 11, sequence, Variables(("kernel", "bias"), tuple(weights)),
+        write_file(path, epoch, 11, sequence, Variables(("kernel", "bias"), tuple(weights)),
                     Variables(("iterations",), (np.array(5),)), "SGD")
         return path
 

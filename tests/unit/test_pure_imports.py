@@ -17,7 +17,10 @@ FRAMEWORKS = ("keras", "tensorflow", "jax")
 
 @pytest.mark.parametrize("module", ["tpu_magic.core.batching", "tpu_magic.training.planning",
                                     "tpu_magic.training.checkpoint_store",
-                                    "tpu_magic.training.sharding"])
+                                    "tpu_magic.training.checkpoint_shards",
+                                    "tpu_magic.training.sharding",
+                                    "tpu_magic.training.request",
+                                    "tpu_magic.training.placement"])
 def test_the_module_imports_no_framework(module):
     code = (f"import sys, {module}\n"
             f"print(' '.join(m for m in {FRAMEWORKS!r} if m in sys.modules))")

@@ -1,22 +1,20 @@
-"""Checkpoints after every epoch, and resuming from them (`--checkpoint DIR`, `--resume`).
+"""The checkpoints in one `--checkpoint DIR`: their names, listing, writing (in the form the
+model needs), keeping the newest, moving damaged ones aside, finding the newest to resume.
 
 A checkpoint holds the model's weights, the optimizer's state (its iteration count
 included, so schedules continue), the number of epochs done and the seed of the data
 order, in one of two forms:
-- one HDF5 file, `ckpt-SEQUENCE-epoch-EPOCH.h5`, written by the process that leads with
-  `atomic_path` (temporary file, fsync, rename, fsync of the directory);
-- an orbax-checkpoint directory, `ckpt-SEQUENCE-epoch-EPOCH.orbax`, where the weights do
-  not all sit whole in one process (several hosts, `--shard model`): every process writes
-  its own shards (the backend's `shard_writer`), orbax renames the directory into place
-  when all are done, and the write runs while the next epoch trains.
+- one HDF5 file (`checkpoint_file`), written by the process that leads with `atomic_path`
+  (temporary file, fsync, rename, fsync of the directory);
+- an orbax-checkpoint directory (`checkpoint_shards`), where the weights do not all sit
+  whole in one process (several hosts, `--shard model`): orbax renames the directory into
+  place when every process has written its shards, while the next epoch trains.
+What either holds, and whether it fits a model, is `checkpoint_state`'s.
 Either way a crash at any moment leaves every checkpoint that was complete before it
 readable. The highest sequence is the newest; the last K *usable* ones are kept. Usable
 means it reads back whole and its weights are finite: a damaged file is moved aside
 (`NAME.damaged`) and never counted, and weights that are NaN or Inf are never written, so a
 diverged run cannot prune the finite checkpoints away.
-
-Variables are matched by position and shape, not by name: Keras numbers its layer
-names per process (`dense` vs `dense_3`), and rewrapping renames them too.
 
 Keras is imported only where a checkpoint is written (for its version): the names, the
 listing, what is kept and what is resumed from are unit-tested without it.
@@ -24,63 +22,27 @@ listing, what is kept and what is resumed from are unit-tested without it.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 import re
 import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-import h5py
 import numpy as np
 
+from tpu_magic.core import variables
 from tpu_magic.core.atomic import atomic_path
 from tpu_magic.core.errors import CheckpointError
-from tpu_magic.core import variables
+from tpu_magic.training.checkpoint_file import read_checkpoint, unusable, write_file
+from tpu_magic.training.checkpoint_shards import describe_shards, meta, read_shards
+from tpu_magic.training.checkpoint_state import (Checkpoint, OtherModel, not_finite, state_of)
 
-FORMAT = "tpu_magic checkpoint 1"
 _NAME = re.compile(r"^ckpt-(\d{6,})-epoch-(\d{4,})\.(?:h5|orbax)$")
 _ASIDE = re.compile(r"^ckpt-(\d{6,})-epoch-\d{4,}\.(?:h5|orbax)\.damaged$")
 _TEMPORARY = re.compile(r"^\.ckpt-\d+-epoch-\d+\.h5\.(\d+)\.tmp$")
 _ORBAX_TEMPORARY = ".orbax-checkpoint-tmp"  # orbax's name for a directory being written
-
-
-@dataclass(frozen=True)
-class Variables:
-    """Named arrays in a fixed order: a model's weights or an optimizer's state (NumPy from
-    a file; JAX arrays laid out as the model's variables from an orbax checkpoint). `described`:
-    their shapes where the arrays are not read (yet)."""
-
-    names: tuple[str, ...]
-    arrays: tuple[Any, ...]
-    described: tuple[tuple[int, ...], ...] | None = None
-
-    @property
-    def shapes(self) -> list[tuple[int, ...]]:
-        if self.described is not None:
-            return list(self.described)
-        return [tuple(a.shape) for a in self.arrays]
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """One checkpoint read back from disk, every array already in memory."""
-
-    path: Path
-    sequence: int
-    epoch: int  # epochs completed
-    seed: int  # the data order's seed
-    weights: Variables
-    optimizer: Variables
-    optimizer_class: str
-    adapters_only: bool = False  # what never trains (frozen layers, LoRA's bases) left out
-
-
-class OtherModel(CheckpointError):
-    """A checkpoint written for another model: said, never moved aside."""
 
 
 @dataclass
@@ -90,206 +52,6 @@ class Found:
     checkpoint: Checkpoint | None
     skipped: list[str] = field(default_factory=list)  # "NAME: why", newest first
 
-
-# -- reading and writing one file ------------------------------------------------------------
-
-def state_of(model: Any, backend: Any) -> tuple[Variables, Variables, str]:
-    """The model's weights (averaged over replicas where they differ) and optimizer state."""
-    chosen = variables.saved_weights(model)
-    arrays, _, _ = variables.replica_weights(model, backend, chosen)
-    weights = Variables(tuple(w.path for w in chosen), tuple(arrays))
-    optimizer = getattr(model, "optimizer", None)
-    slots = variables.optimizer_state(model, backend)
-    if slots is None:
-        return weights, Variables((), ()), type(optimizer).__name__ if optimizer else ""
-    return weights, Variables(tuple(v.path for v in optimizer.variables), tuple(slots)), \
-        type(optimizer).__name__
-
-
-def _write_file(path: Path, epoch: int, seed: int, sequence: int, weights: Variables,
-                optimizer: Variables, optimizer_class: str, adapters_only: bool = False) -> None:
-    import keras
-
-    with h5py.File(path, "w") as handle:
-        handle.attrs.update(format=FORMAT, epoch=epoch, seed=seed, sequence=sequence,
-                            optimizer_class=optimizer_class, keras_version=keras.__version__,
-                            adapters_only=adapters_only)
-        for group_name, saved in (("weights", weights), ("optimizer", optimizer)):
-            group = handle.create_group(group_name)
-            group.attrs["names"] = json.dumps(list(saved.names))
-            for i, array in enumerate(saved.arrays):
-                group.create_dataset(str(i), data=array)
-
-
-def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
-    """Reads a whole checkpoint file (every array), so a damaged file fails here.
-
-    Raises:
-        CheckpointError: the file is not a complete tpu_magic checkpoint.
-    """
-    path = Path(path)
-    try:
-        with h5py.File(path, "r") as handle:
-            if handle.attrs.get("format") != FORMAT:
-                raise CheckpointError(f"{path.name} is not a tpu_magic checkpoint")
-            groups = {}
-            for group_name in ("weights", "optimizer"):
-                group = handle[group_name]
-                names = tuple(json.loads(group.attrs["names"]))
-                arrays = tuple(np.asarray(group[str(i)][()]) for i in range(len(names)))
-                groups[group_name] = Variables(names, arrays)
-            return Checkpoint(path, int(handle.attrs["sequence"]), int(handle.attrs["epoch"]),
-                              int(handle.attrs["seed"]), groups["weights"], groups["optimizer"],
-                              str(handle.attrs["optimizer_class"]),
-                              bool(handle.attrs.get("adapters_only", False)))
-    except CheckpointError:
-        raise
-    except Exception as exc:  # h5py reports damage as OSError, KeyError, ValueError, ...
-        raise CheckpointError(f"{path.name} is unreadable ({type(exc).__name__}: {exc})") from exc
-
-
-def not_finite(arrays: Sequence[np.ndarray]) -> bool:
-    """Whether any floating-point array holds a NaN or an infinity."""
-    return any(np.issubdtype(a.dtype, np.inexact) and not np.all(np.isfinite(a))
-               for a in arrays)
-
-
-def unusable(path: Path) -> str | None:
-    """Why a checkpoint file cannot be resumed from (None: it reads back whole and finite)."""
-    try:
-        checkpoint = read_checkpoint(path)
-    except CheckpointError as exc:
-        return str(exc)
-    if not_finite(checkpoint.weights.arrays):
-        return f"{path.name} holds weights that are NaN or infinite"
-    return None
-
-
-def mismatch(saved: Variables, current: Sequence[Any], what: str) -> str | None:
-    """How saved arrays and the model's variables differ, in words (None: same count and shapes).
-
-    Only the variables' shapes are read, not their values.
-    """
-    if len(saved.names) != len(current):
-        return f"the checkpoint has {len(saved.names)} {what}, the model has {len(current)}"
-    for i, (old, variable) in enumerate(zip(saved.shapes, current)):
-        new = tuple(variable.shape)
-        if old != new:
-            return (f"{what} {i} ({variable.path}) has shape {new} in the model but "
-                    f"{old} in the checkpoint ({saved.names[i]})")
-    return None
-
-
-def restore(model: Any, checkpoint: Checkpoint, strategy: Any) -> None:
-    """Puts a checkpoint's weights and optimizer state into the model (all or nothing).
-
-    Raises:
-        CheckpointError: the model is not built, or has another architecture or optimizer.
-    """
-    with strategy.scope():
-        check_fits(model, checkpoint, strategy)
-        for variable, array in zip(variables.saved_weights(model), checkpoint.weights.arrays):
-            variable.assign(array)
-        if checkpoint.optimizer.names:
-            for variable, array in zip(model.optimizer.variables, checkpoint.optimizer.arrays):
-                variable.assign(array)
-
-
-def check_fits(model: Any, checkpoint: Checkpoint, strategy: Any) -> None:
-    """Raises `OtherModel` where the checkpoint was written for another model (its shapes,
-    frozen weights or optimizer differ); builds the model's optimizer to compare.
-
-    Raises:
-        CheckpointError: the model is not built.
-    """
-    where = checkpoint.path.name
-    if not model.built:
-        raise CheckpointError(
-            f"cannot resume from {where}: the model has no weights yet. Start it with "
-            "keras.Input(shape) so its weights exist before training.")
-    optimizer = getattr(model, "optimizer", None)
-    with strategy.scope():
-        if optimizer is not None and not optimizer.built:
-            optimizer.build(model.trainable_variables)
-    problem = mismatch(checkpoint.weights, variables.saved_weights(model), "weights")
-    if problem is None and checkpoint.adapters_only != bool(variables.frozen_weights(model)):
-        problem = ("one of the two has frozen layers or LoRA and the other not: "
-                   "checkpoints leave out the weights that never train")
-    if problem is None and checkpoint.optimizer.names:
-        optimizer_class = type(optimizer).__name__ if optimizer is not None else ""
-        if checkpoint.optimizer_class != optimizer_class:
-            problem = (f"the checkpoint's optimizer is {checkpoint.optimizer_class}, the "
-                       f"model's is {optimizer_class}")
-        else:
-            problem = mismatch(checkpoint.optimizer, optimizer.variables,
-                               "optimizer variables")
-    if problem:
-        raise OtherModel(
-            f"cannot resume from {where}: it was written for another model ({problem}). "
-            "Use the model that wrote it, or another --checkpoint directory.")
-
-
-# -- an orbax directory ----------------------------------------------------------------------
-
-def _meta(epoch: int, seed: int, sequence: int, chosen: list, slots: list,
-          optimizer_class: str, adapters_only: bool) -> dict:
-    import keras
-
-    return {"format": FORMAT, "epoch": epoch, "seed": seed, "sequence": sequence,
-            "optimizer_class": optimizer_class, "keras_version": keras.__version__,
-            "adapters_only": adapters_only,
-            "weights": [w.path for w in chosen], "weight_shapes": [list(w.shape) for w in chosen],
-            "optimizer": [v.path for v in slots], "optimizer_shapes": [list(v.shape) for v in slots]}
-
-
-def describe_shards(path: Path, reader: Any) -> Checkpoint:
-    """An orbax checkpoint's names, shapes and counters, its arrays not read.
-
-    Raises:
-        CheckpointError: it is damaged or not a tpu_magic checkpoint.
-    """
-    try:
-        meta = reader.meta(path)
-    except Exception as exc:  # noqa: BLE001 - orbax reports damage in many types
-        raise _unreadable(path, exc) from exc
-    if meta.get("format") != FORMAT:
-        raise CheckpointError(f"{path.name} is not a tpu_magic checkpoint")
-
-    def described(names: str, shapes: str) -> Variables:
-        return Variables(tuple(meta[names]), (), tuple(tuple(s) for s in meta[shapes]))
-
-    return Checkpoint(path, int(meta["sequence"]), int(meta["epoch"]), int(meta["seed"]),
-                      described("weights", "weight_shapes"),
-                      described("optimizer", "optimizer_shapes"), str(meta["optimizer_class"]),
-                      bool(meta["adapters_only"]))
-
-
-def _unreadable(path: Path, exc: Exception) -> CheckpointError:
-    first = str(exc).splitlines()[0] if str(exc) else ""
-    return CheckpointError(f"{path.name} is unreadable ({type(exc).__name__}: {first})")
-
-
-def read_shards(path: Path, reader: Any, model: Any, strategy: Any) -> Checkpoint:
-    """An orbax checkpoint read into arrays laid out as the model's variables are now (each
-    process reading its own shards; another mesh works).
-
-    Raises:
-        OtherModel: it was written for another model.
-        CheckpointError: it is damaged.
-    """
-    described = describe_shards(path, reader)
-    check_fits(model, described, strategy)
-    slots = list(model.optimizer.variables) if described.optimizer.names else []
-    try:
-        weights, optimizer = reader.read(path, variables.saved_weights(model), slots)
-    except Exception as exc:  # noqa: BLE001
-        raise _unreadable(path, exc) from exc
-    return dataclasses.replace(
-        described, weights=Variables(described.weights.names, tuple(weights)),
-        optimizer=Variables(described.optimizer.names, tuple(optimizer)))
-
-
-# -- the directory ---------------------------------------------------------------------------
 
 class CheckpointStore:
     """The checkpoints in one directory: list, write (keeping the last K), find the newest.
@@ -422,7 +184,7 @@ class CheckpointStore:
         target = self.directory / f"ckpt-{sequence:06d}-epoch-{epoch:04d}.h5"
         try:
             with atomic_path(target) as temporary:
-                _write_file(temporary, epoch, seed, sequence, weights, optimizer, optimizer_class,
+                write_file(temporary, epoch, seed, sequence, weights, optimizer, optimizer_class,
                             adapters_only)
         except OSError as exc:
             raise _not_written(f"after epoch {epoch} could not be written to {target}",
@@ -469,7 +231,7 @@ class CheckpointStore:
         target = self.directory / f"ckpt-{sequence:06d}-epoch-{epoch:04d}.orbax"
         started = time.perf_counter()
         try:
-            writer.save(target, chosen, slots, _meta(
+            writer.save(target, chosen, slots, meta(
                 epoch, seed, sequence, chosen, slots,
                 type(optimizer).__name__ if optimizer is not None else "", adapters_only))
         except Exception as exc:  # noqa: BLE001 - orbax's own errors, OSError among them
