@@ -4,7 +4,7 @@ walking the interpreter's stack (`training.cell_code.layout_owners`)."""
 
 import types
 
-from tpu_magic.training.cell_code import dotted_names_in, layout_owners
+from tpu_magic.training.cell_code import assigned_before, dotted_names_in, layout_owners
 
 
 class GemmaBackbone:  # stands for KerasHub's: a class that offers its own layout map
@@ -19,6 +19,10 @@ class LlamaBackbone(GemmaBackbone):
 
 class GemmaCausalLM:  # a task: its backbone's class says the layouts
     backbone_cls = GemmaBackbone
+
+
+class LlamaCausalLM:
+    backbone_cls = LlamaBackbone
 
 
 class MistralBackbone:  # no layout map: its variables' layouts come from their shapes
@@ -110,3 +114,23 @@ def test_an_objects_attributes_are_not_read_on_the_way_and_a_failing_property_is
 def test_the_python_a_magic_runs_is_read_too():
     cell = "get_ipython().run_line_magic('time', 'lm = keras_hub.models.GemmaCausalLM()')\n"
     assert layout_owners(cell, {"keras_hub": _keras_hub()}) == [GemmaBackbone]
+
+
+def test_an_object_a_name_held_before_the_cell_assigns_it_again_owns_nothing():
+    # the previous cell's `lm` (a Gemma) while this cell builds its own (a Mistral): the
+    # Gemma's map must not lay out the Mistral's variables
+    cell = "lm = keras_hub.models.MistralCausalLM(backbone=None)\nlm.fit(x, y)\n"
+    namespace = {"keras_hub": _keras_hub(), "lm": GemmaCausalLM()}
+    before = assigned_before(cell, namespace)
+    assert before == {"lm": namespace["lm"]}
+    assert layout_owners(cell, namespace, before) == []
+    namespace["lm"] = LlamaCausalLM()  # once the cell assigned it, its own object counts
+    assert layout_owners(cell, namespace, before) == [LlamaBackbone]
+    assert layout_owners(cell, {"lm": GemmaCausalLM()}) == [GemmaBackbone]  # not assigned
+
+
+def test_the_names_a_cell_assigns():
+    cell = ("import keras_hub as hub\nfrom a.b import c\nfor i in range(2):\n    pass\n"
+            "def f():\n    pass\nclass K:\n    pass\nx, y = 1, 2\nz.w = 3\n")
+    namespace = {name: object() for name in ("hub", "c", "i", "f", "K", "x", "y", "z")}
+    assert set(assigned_before(cell, namespace)) == {"hub", "c", "i", "f", "K", "x", "y"}

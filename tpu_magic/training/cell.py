@@ -1,10 +1,11 @@
 """Running a cell's Keras training on the connection's strategy: the cell's orchestration.
 
 `fit`, `evaluate` and `predict` of the models a `%%tpu_train` cell runs (and, later, of
-the models it built or rewrapped: see `routing`) go through `TrainingCell`: the batch
+the models it built or rewrapped: see `routing`) go through `TrainingCell`, given the
+cell's request (its flags, checked: `request`) and placed (`placement`): each call's batch
 is checked before anything runs, NumPy inputs become whole batches (see `backends.tf.data`,
 `backends.jax.data`), padding is masked out of losses and metrics (see `exactness`), and `fit`
-gets a live progress bar and a report.
+gets a live progress bar; what each call did goes into the report (`report`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from tpu_magic.core.variables import name_of
 from tpu_magic.training import (checkpoints, exactness, parity, placement, planning,
                                 precision, routing, sharding, utilization)
 from tpu_magic.training.agreement import ReplicasAgree
-from tpu_magic.training.cell_code import hand_written_loop, layout_owners, names_in
+from tpu_magic.training.cell_code import (assigned_before, hand_written_loop,
+                                          layout_owners, names_in)
 from tpu_magic.training.inputs import Inputs, given_batch_size
 from tpu_magic.training.model_setup import prepare
 from tpu_magic.training.progress import FitProgress, FitTiming, TrainingView
@@ -110,7 +112,8 @@ class TrainingCell:
                  watch: Callable[[str], ContextManager[Any]] | None = None):
         self.request = request
         self.code = ""  # run's cell: the classes it names lay out a mesh (`layout_owners`)
-        self.layout_owners = lambda: layout_owners(self.code, namespace)
+        self.before: dict[str, Any] = {}  # what the names the cell assigns held before it
+        self.layout_owners = lambda: layout_owners(self.code, namespace, self.before)
         self.placement = placement.place(connection, request, self.layout_owners)
         self.namespace = namespace
         self.say = say
@@ -172,7 +175,7 @@ class TrainingCell:
 
     def _run(self, execute: Callable[[], Any], cell: str) -> None:
         __tracebackhide__ = True  # noqa: F841
-        self.code = cell
+        self.code, self.before = cell, assigned_before(cell, self.namespace)
         if self.request.checkpoint is not None:
             self.checkpoints = checkpoints.CellCheckpoints(
                 self.request.checkpoint, self.request.keep, self.request.resume)

@@ -43,7 +43,8 @@ def _magic_code(statement: ast.AST) -> list[str]:
     return found
 
 
-def layout_owners(cell: str, namespace: Mapping[str, Any]) -> list[type]:
+def layout_owners(cell: str, namespace: Mapping[str, Any],
+                  before: Mapping[str, Any] = types.MappingProxyType({})) -> list[type]:
     """The classes whose `get_layout_map` lays out the variables `cell` makes on a mesh, as
     `namespace` holds them now (asked while the cell runs, each time a variable is made).
 
@@ -53,12 +54,39 @@ def layout_owners(cell: str, namespace: Mapping[str, Any]) -> list[type]:
     or its `backbone_cls` does (a KerasHub task, `GemmaCausalLM`); an object, a model the
     cell uses, by its class and its `backbone`'s the same way. In the order the cell first
     names them, each once; nothing is imported or called but `backbone`.
+
+    `before`: what the names the cell assigns held when it started (`assigned_before`). An
+    object such a name still holds is the previous cell's (`lm` while the cell's own `lm` is
+    being built): it owns nothing of this cell's variables, and is passed over.
     """
     found: dict[type, None] = {}
     for name in dotted_names_in(cell):
-        for owner in _owners_of(_looked_up(name, namespace)):
+        thing = _looked_up(name, namespace)
+        head = name.split(".")[0]
+        if head in before and namespace.get(head) is before[head] and \
+                not isinstance(thing, (type, types.ModuleType)):
+            continue
+        for owner in _owners_of(thing):
             found.setdefault(owner, None)
     return list(found)
+
+
+def assigned_before(cell: str, namespace: Mapping[str, Any]) -> dict[str, Any]:
+    """What the names `cell` assigns (`name = ...`, `for name in`, imports, `def`, `class`)
+    hold in `namespace` before it runs (see `layout_owners`)."""
+    try:
+        tree = ast.parse(cell)
+    except SyntaxError:
+        return {}
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+    return {name: namespace[name] for name in names if name in namespace}
 
 
 @functools.lru_cache(maxsize=16)
