@@ -52,7 +52,7 @@ def main() -> None:
 def hang_while_writing(epoch: int, marker: Path) -> None:
     from tpu_magic.training import checkpoint_store as checkpoint
 
-    real_write = checkpoint._write_file
+    real_write = checkpoint.write_file
 
     def write(path, at_epoch, *rest):
         real_write(path, at_epoch, *rest)
@@ -62,7 +62,7 @@ def hang_while_writing(epoch: int, marker: Path) -> None:
             marker.write_text(str(path))
             time.sleep(600)
 
-    checkpoint._write_file = write
+    checkpoint.write_file = write
 
 
 if __name__ == "__main__":

@@ -151,7 +151,7 @@ def test_a_read_only_directory_is_refused(digits, tmp_path):
 def test_a_full_disk_stops_training_with_the_state_intact(digits, tmp_path, monkeypatch):
     from tpu_magic.training import checkpoint_store as checkpoint
 
-    real_write = checkpoint._write_file
+    real_write = checkpoint.write_file
 
     def full_after_epoch_1(path, epoch, *args):
         if epoch == 1:
@@ -160,7 +160,7 @@ def test_a_full_disk_stops_training_with_the_state_intact(digits, tmp_path, monk
             handle.write(b"half a checkpoint")
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(checkpoint, "_write_file", full_after_epoch_1)
+    monkeypatch.setattr(checkpoint, "write_file", full_after_epoch_1)
     with pytest.raises(UsageError, match=r"the checkpoint after epoch 2 could not be written to .*"
                                          r"ckpt-000002-epoch-0002\.h5 \(No space left on device\)\. "
                                          r"Training stopped; the model keeps its weights and "
