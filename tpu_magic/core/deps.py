@@ -24,10 +24,14 @@ def require_tensorflow() -> ModuleType:
     Raises:
         MissingDependencyError: naming the pip command that fixes it.
     """
+    return _required("tensorflow", TENSORFLOW_FIX)
+
+
+def _required(name: str, fix: str) -> ModuleType:
     try:
-        return importlib.import_module("tensorflow")
+        return importlib.import_module(name)
     except ImportError:
-        raise MissingDependencyError(TENSORFLOW_FIX) from None
+        raise MissingDependencyError(fix) from None
 
 
 JAX_FIX = ("JAX is not installed: `pip install \"tpu_magic[jax]\"` (CPU), `pip install "
@@ -41,10 +45,7 @@ def require_jax() -> ModuleType:
     Raises:
         MissingDependencyError: naming the pip command that fixes it.
     """
-    try:
-        return importlib.import_module("jax")
-    except ImportError:
-        raise MissingDependencyError(JAX_FIX) from None
+    return _required("jax", JAX_FIX)
 
 
 PACKAGES = ("tensorflow", "tensorflow-cpu", "tensorflow-tpu", "keras", "jax", "jaxlib", "libtpu")

@@ -118,10 +118,7 @@ def one_device_inference(model: Any, batch: Any,
 
 def _one_device_inference(model: Any, batch: Any,
                           one_device_copy: Callable[[], Any]) -> dict:
-    copy = one_device_copy()
-    with reading(model):
-        for variable, live in zip(copy.weights, model.weights):
-            variable.assign(np.asarray(replica_values(live)[0]))
+    copy = _copy_holding_weights(model, one_device_copy)
     logs = copy.evaluate(_replayed([batch]), steps=1, return_dict=True, verbose=0)
     return {key: float(np.asarray(value)) for key, value in logs.items()}
 
@@ -148,10 +145,7 @@ def evaluate_rest(model: Any, rest: tuple,
 
 def _rest_states(model: Any, rest: tuple,
                  one_device_copy: Callable[[], Any]) -> list:
-    copy = one_device_copy()
-    with reading(model):
-        for variable, live in zip(copy.weights, model.weights):
-            variable.assign(np.asarray(replica_values(live)[0]))
+    copy = _copy_holding_weights(model, one_device_copy)
     import keras
 
     x, y, weight = rest
@@ -187,3 +181,12 @@ def _first_input(batch: Any) -> Any:
     import keras
 
     return keras.tree.flatten(_unpacked(batch)[0])[0]
+
+
+def _copy_holding_weights(model: Any, one_device_copy: Callable[[], Any]) -> Any:
+    """A one-device copy of `model` holding its weights now (replica 0's: they agree)."""
+    copy = one_device_copy()
+    with reading(model):
+        for variable, live in zip(copy.weights, model.weights):
+            variable.assign(np.asarray(replica_values(live)[0]))
+    return copy
