@@ -8,7 +8,7 @@ import pytest
 from IPython.core.error import UsageError
 
 import tpu_magic
-from support.cells import CNN, SHARDED, train
+from support.cells import CNN, SHARDED, train, traced_steps_kept
 
 LSTM = """
 keras.utils.set_random_seed(0)
@@ -49,6 +49,10 @@ def test_the_seed_cnn_trains_with_a_partial_last_batch(ip, tmp_path):
     assert len(report.checkpoints) == 2 and "tensorflow" not in sys.modules
     assert report.global_batch == 128 and report.per_replica == 16
     assert np.isfinite(report.metrics["loss"]) and "val_loss" in report.metrics
+
+
+def test_a_later_cell_runs_the_traced_step_until_the_trainable_set_changes(ip):
+    assert traced_steps_kept(ip) == (True, True)
 
 
 def test_six_sample_predict_and_thirteen_sample_evaluate_equal_the_cpu_copy(ip):

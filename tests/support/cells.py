@@ -72,3 +72,22 @@ def dense_model():
 def train(ip, cell, line="--no-progress"):
     """Runs `cell` through `%%tpu_train LINE` in the test shell. Returns the report."""
     return ip.run_cell_magic("tpu_train", line, cell)
+
+
+def traced_steps_kept(ip):
+    """DENSE fit in one cell, again in a second, then with its first layer frozen (and the
+    model compiled again, as Keras asks) in a third. Returns whether the second cell ran the
+    step function the first traced (the metrics and optimizer slots the first fit built
+    change nothing), and whether the third trained on a new one that left the frozen layer
+    as it was."""
+    fit = "model.fit(x[:128], y[:128], batch_size=64, epochs=1, verbose=0)"
+    train(ip, DENSE + fit)
+    model = ip.user_ns["model"]
+    first = model.train_function
+    train(ip, fit)
+    kept = model.train_function is first
+    frozen = [w.copy() for w in model.layers[0].get_weights()]
+    train(ip, "model.layers[0].trainable = False\n"
+              "model.compile(keras.optimizers.SGD(0.1), 'sparse_categorical_crossentropy')\n" + fit)
+    still = all((a == b).all() for a, b in zip(frozen, model.layers[0].get_weights()))
+    return kept, model.train_function is not first and still

@@ -30,7 +30,7 @@ from tpu_magic.training.agreement import ReplicasAgree
 from tpu_magic.training.cell_code import (assigned_before, hand_written_loop,
                                           layout_owners, names_in)
 from tpu_magic.training.inputs import Inputs, given_batch_size
-from tpu_magic.training.model_setup import prepare
+from tpu_magic.training.model_setup import prepare, traced
 from tpu_magic.training.progress import FitProgress, FitTiming, TrainingView
 from tpu_magic.training.report import CellRecord, FitOutcome, TrainReport
 from tpu_magic.training.request import TrainRequest
@@ -490,7 +490,7 @@ class TrainingCell:
             call["verbose"] = 0
         wanted_dict = call.get("return_dict", False)
         call["return_dict"] = True
-        result = routing.keras_method("evaluate")(model, **call)
+        result = _keras("evaluate", model, call)
         if rest is not None:
             result = self._evaluate_rest(model, rest) or result
         self.record.evaluations.append({k: float(v) for k, v in result.items()})
@@ -523,7 +523,7 @@ class TrainingCell:
         if self.request.progress:
             call["verbose"] = 0
         rows = self.inputs.for_predict(model, call, plan)
-        out = routing.keras_method("predict")(model, **call)
+        out = _keras("predict", model, call)
         out = out if rows is None else arrays.trim(out, rows)
         self.record.predictions.append(len(keras.tree.flatten(out)[0]))
         return out
@@ -535,11 +535,11 @@ class TrainingCell:
         """One step on exactly the rows given: Keras's own, with the backend's rules for a
         batch the devices do not divide (see `Backend.replica_steps`)."""
         self._prepare(model)
-        return routing.keras_method("train_on_batch")(model, **call)
+        return _keras("train_on_batch", model, call)
 
     def _test_on_batch(self, model: Any, call: dict, named: set) -> Any:
         self._prepare(model)
-        return routing.keras_method("test_on_batch")(model, **call)
+        return _keras("test_on_batch", model, call)
 
 
 @contextlib.contextmanager
@@ -566,7 +566,7 @@ def _keras_fit(model: Any, call: dict, named: set, progress: FitProgress, strate
     with stop_on_interrupt(model) as stop, strategy.scope(), \
             _default_shuffle_unsaid("shuffle" not in named):
         try:
-            history = routing.keras_method("fit")(model, **call)
+            history = _keras("fit", model, call)
         except KeyboardInterrupt:
             interrupted, history = True, getattr(model, "history", None)
         except CheckpointError as exc:  # e.g. a full disk: stop, keep what was learned
@@ -574,6 +574,15 @@ def _keras_fit(model: Any, call: dict, named: set, progress: FitProgress, strate
         finally:
             progress.close(interrupted=interrupted or stop.requested)
     return history, interrupted or stop.requested, failure
+
+
+def _keras(name: str, model: Any, call: dict) -> Any:
+    """Keras's own `model.<name>(**call)`; the functions it traced are then known to take
+    the variables the call left (see `model_setup.traced`)."""
+    try:
+        return routing.keras_method(name)(model, **call)
+    finally:
+        traced(model)
 
 
 def _seen_plan(batch: int, replicas: int) -> BatchPlan:

@@ -1,0 +1,52 @@
+"""NumPy inputs as one tf.data pipeline per replica (`backends.tf.data`): each replica gathers
+only its own rows of every global batch, and the padding's packed weight carries the whole
+batch's share of real samples, as one pipeline cut afterwards gave."""
+
+import numpy as np
+import tensorflow as tf
+
+from tpu_magic.backends.tf import data
+from tpu_magic.core.packed import MASK, REAL
+
+
+def _replica_batches(pipeline, strategy):
+    """Each replica's rows of the first step: {replica: (x, y, packed)} as NumPy."""
+    step = next(iter(pipeline.dataset))
+    per_replica = strategy.experimental_local_results(step)
+    return [tf.nest.map_structure(lambda t: t.numpy(), part) for part in per_replica]
+
+
+def test_each_replica_reads_its_rows_and_the_whole_batchs_share(sim8):
+    import tpu_magic
+
+    strategy = tpu_magic.session().strategy
+    x = np.arange(20, dtype="float32")[:, None] * 10.0
+    y = np.arange(20) % 3
+    # 20 samples in batches of 16: the second batch has 4 real rows and 12 of padding.
+    pipeline = data.train_pipeline(x, y, None, batch=16, shuffle=False, repeat=False,
+                                   strategy=strategy)
+    assert (pipeline.steps, pipeline.padded) == (2, 12)
+    whole = pipeline.first(2)  # the global batches, read on their own
+    for step, batch in enumerate(iter(pipeline.dataset)):
+        parts = [tf.nest.map_structure(lambda t: t.numpy(), p)
+                 for p in strategy.experimental_local_results(batch)]
+        assert len(parts) == 8
+        for replica, (rx, ry, packed) in enumerate(parts):
+            rows = slice(2 * replica, 2 * replica + 2)
+            np.testing.assert_array_equal(rx, whole[step][0][rows])
+            np.testing.assert_array_equal(ry, whole[step][1][rows])
+            np.testing.assert_array_equal(packed[MASK], whole[step][2][MASK][rows])
+            # the share of real samples is the global batch's, on every replica
+            np.testing.assert_allclose(packed[REAL], [1.0, 1.0] if step == 0 else [0.25] * 2)
+    np.testing.assert_array_equal(whole[1][2][MASK], [1.0] * 4 + [0.0] * 12)
+
+
+def test_predict_replicas_read_their_rows(sim8):
+    import tpu_magic
+
+    strategy = tpu_magic.session().strategy
+    x = np.arange(12, dtype="float32")[:, None]
+    pipeline = data.predict_pipeline(x, batch=16, strategy=strategy)
+    parts = _replica_batches(pipeline, strategy)
+    got = np.concatenate([p[0] for p in parts])[:, 0]
+    np.testing.assert_array_equal(got, list(range(12)) + [0.0] * 4)  # padding repeats sample 0
