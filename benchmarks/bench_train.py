@@ -21,7 +21,9 @@ precision is the dtype policy of all three ways (`--precision`; the magic gets t
 Utilization: the magic's report counts the FLOPs of a sample (XLA on JAX, the layers on
 TF); every way's TFLOP/s is that count × its samples/s, and its share of the peak
 `--check` measured. Prints a table; writes JSON with samples/s, TFLOP/s, the ratios
-`magic_vs_handwritten` and `magic_vs_raw_loop`, and the process's peak memory.
+`magic_vs_handwritten` and `magic_vs_raw_loop`, each way's peak host memory (the largest
+resident size of its processes) and `memory_vs_handwritten`, and which of the targets
+(issue 33: >= 1.0, >= 0.95, <= 1.2) the run met.
 
 Reliability: on this project's 2-core machine, with 8 simulated replicas, runs of the
 CNN at the seeds' batch died of a segmentation fault, every time in a *hand-written*
@@ -271,6 +273,12 @@ def summarize(args, runs, killed, rounds) -> dict:
                                    for way in WAYS},
                   magic_vs_handwritten=median["magic"] / median["handwritten"],
                   magic_vs_raw_loop=median["magic"] / median["raw_loop"])
+    memory = result["peak_memory_mib"]
+    result["memory_vs_handwritten"] = memory["magic"] / memory["handwritten"]
+    result["targets_met"] = {name: ok for name, ok in (
+        ("magic_vs_handwritten >= 1.0", result["magic_vs_handwritten"] >= 1.0),
+        ("magic_vs_raw_loop >= 0.95", result["magic_vs_raw_loop"] >= 0.95),
+        ("memory_vs_handwritten <= 1.2", result["memory_vs_handwritten"] <= 1.2))}
     print(f"\nbench_train: {result['model']} on {result['backend']}, {result['precision']}, "
           f"{result['device']}, {result['replicas']} replicas, batch {result['global_batch']} "
           f"({result['per_replica']}/replica), {result['steps_per_round']} steps, median of "
@@ -284,7 +292,10 @@ def summarize(args, runs, killed, rounds) -> dict:
               f"{len(killed[way]):>13}{result['peak_memory_mib'][way]:>10,.0f}")
     print(f"magic_vs_handwritten {result['magic_vs_handwritten']:.3f}   "
           f"magic_vs_raw_loop {result['magic_vs_raw_loop']:.3f}   "
+          f"memory_vs_handwritten {result['memory_vs_handwritten']:.3f}   "
           f"FLOPs a sample {flops or float('nan'):,.0f} ({result['flops_source']})")
+    print("targets: " + ", ".join(f"{name} {'met' if ok else 'NOT met'}"
+                                  for name, ok in result["targets_met"].items()))
     return result
 
 

@@ -220,7 +220,9 @@ class TpuMagics(Magics, Configurable):
     @argument("--scale-lr", action="store_true",
               help="scale the learning rate linearly with the global batch (× replicas)")
     @argument("--steps-per-execution", type=int, metavar="K",
-              help="run K steps per call into the device (the main speed knob on TPUs)")
+              help="run K steps per execution: one call into the device on TensorFlow, "
+                   "a host loop of K calls on JAX with Keras 3.15; callbacks and the bar "
+                   "once an execution")
     @argument("--checkpoint", metavar="DIR",
               help="after every epoch, write weights, optimizer state and epoch to DIR")
     @argument("--keep", type=int, metavar="K",
