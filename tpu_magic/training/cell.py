@@ -30,7 +30,7 @@ from tpu_magic.training.agreement import ReplicasAgree
 from tpu_magic.training.cell_code import (assigned_before, hand_written_loop,
                                           layout_owners, names_in)
 from tpu_magic.training.inputs import Inputs, given_batch_size
-from tpu_magic.training.model_setup import prepare
+from tpu_magic.training.model_setup import prepare, settle
 from tpu_magic.training.progress import FitProgress, FitTiming, TrainingView
 from tpu_magic.training.report import CellRecord, FitOutcome, TrainReport
 from tpu_magic.training.request import TrainRequest
@@ -236,7 +236,10 @@ class TrainingCell:
         named = set(last.named) - {"batch_size", "epochs", "initial_epoch"}
         with self.connection.strategy.scope(), routing.inside_keras(), \
                 self.connection.backend.replica_steps(last.model, self.connection):
-            self._fit(last.model, call, named)
+            try:
+                self._fit(last.model, call, named)
+            finally:
+                settle(last.model)
 
     # -- routing ---------------------------------------------------------------------------
 
@@ -253,7 +256,10 @@ class TrainingCell:
         planning.as_arrays(call)
         with self.connection.strategy.scope(), routing.inside_keras(), \
                 self.connection.backend.replica_steps(model, self.connection):
-            return getattr(self, "_" + name)(model, call, named)
+            try:
+                return getattr(self, "_" + name)(model, call, named)
+            finally:
+                settle(model)
 
     def _follow_users_distribution(self) -> None:
         """A distribution the user's own code put in force (before the cell or in it) wins
