@@ -1,6 +1,7 @@
 """A user's batched input read by Keras's own adapter (`backends.keras_inputs`): on several
 hosts a tf.data dataset's full batches are cut inside its pipeline (issue 32), giving each
-host exactly the rows it gave when it read every batch whole and kept its own."""
+host exactly the rows it gave when it read every batch whole and kept its own; a tf.data
+dataset is read with tf.data's autotuning off where the user left it unset (issue 33)."""
 
 import keras
 import numpy as np
@@ -55,3 +56,21 @@ def test_what_cannot_be_cut_is_read_whole():
     unknown = tf.data.Dataset.from_generator(lambda: iter([np.zeros((4, 1))]),
                                              output_signature=tf.TensorSpec((None, 1)))
     assert _cut_at_source(unknown, SECOND_OF_TWO)[1] == 0  # no batch size tf.data can see
+
+
+def test_a_tf_data_dataset_is_read_without_autotuning_and_gives_the_same_batches():
+    # Freeing a partly read iterator that autotunes waits for its autotune thread: a Gemma
+    # LoRA cell on JAX waited up to 4 s after its last step. Keras stops at the last step.
+    adapter = whole_batches(_dataset(), 8, masked=False)
+    assert adapter.inner.get_tf_dataset().options().autotune.enabled is False
+    ours = list(adapter.get_numpy_iterator())
+    plain = [keras.tree.map_structure(np.asarray, batch) for batch in _dataset()]
+    assert len(ours) == len(plain) == 7
+    for mine, theirs in zip(ours, plain):
+        for a, b in zip(keras.tree.flatten(mine), keras.tree.flatten(theirs)):
+            assert a.dtype == b.dtype
+            np.testing.assert_array_equal(a, b)
+    options = tf.data.Options()
+    options.autotune.enabled = True  # the user's own choice stays
+    chosen = whole_batches(_dataset().with_options(options), 8, masked=False)
+    assert chosen.inner.get_tf_dataset().options().autotune.enabled is True

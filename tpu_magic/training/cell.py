@@ -30,7 +30,7 @@ from tpu_magic.training.agreement import ReplicasAgree
 from tpu_magic.training.cell_code import (assigned_before, hand_written_loop,
                                           layout_owners, names_in)
 from tpu_magic.training.inputs import Inputs, given_batch_size
-from tpu_magic.training.model_setup import prepare, traced
+from tpu_magic.training.model_setup import prepare, settle_traced_state
 from tpu_magic.training.progress import FitProgress, FitTiming, TrainingView
 from tpu_magic.training.report import CellRecord, FitOutcome, TrainReport
 from tpu_magic.training.request import TrainRequest
@@ -236,7 +236,10 @@ class TrainingCell:
         named = set(last.named) - {"batch_size", "epochs", "initial_epoch"}
         with self.connection.strategy.scope(), routing.inside_keras(), \
                 self.connection.backend.replica_steps(last.model, self.connection):
-            self._fit(last.model, call, named)
+            try:
+                self._fit(last.model, call, named)
+            finally:
+                settle_traced_state(last.model)
 
     # -- routing ---------------------------------------------------------------------------
 
@@ -253,7 +256,10 @@ class TrainingCell:
         planning.as_arrays(call)
         with self.connection.strategy.scope(), routing.inside_keras(), \
                 self.connection.backend.replica_steps(model, self.connection):
-            return getattr(self, "_" + name)(model, call, named)
+            try:
+                return getattr(self, "_" + name)(model, call, named)
+            finally:
+                settle_traced_state(model)
 
     def _follow_users_distribution(self) -> None:
         """A distribution the user's own code put in force (before the cell or in it) wins
@@ -490,7 +496,7 @@ class TrainingCell:
             call["verbose"] = 0
         wanted_dict = call.get("return_dict", False)
         call["return_dict"] = True
-        result = _keras("evaluate", model, call)
+        result = routing.keras_method("evaluate")(model, **call)
         if rest is not None:
             result = self._evaluate_rest(model, rest) or result
         self.record.evaluations.append({k: float(v) for k, v in result.items()})
@@ -523,7 +529,7 @@ class TrainingCell:
         if self.request.progress:
             call["verbose"] = 0
         rows = self.inputs.for_predict(model, call, plan)
-        out = _keras("predict", model, call)
+        out = routing.keras_method("predict")(model, **call)
         out = out if rows is None else arrays.trim(out, rows)
         self.record.predictions.append(len(keras.tree.flatten(out)[0]))
         return out
@@ -535,11 +541,11 @@ class TrainingCell:
         """One step on exactly the rows given: Keras's own, with the backend's rules for a
         batch the devices do not divide (see `Backend.replica_steps`)."""
         self._prepare(model)
-        return _keras("train_on_batch", model, call)
+        return routing.keras_method("train_on_batch")(model, **call)
 
     def _test_on_batch(self, model: Any, call: dict, named: set) -> Any:
         self._prepare(model)
-        return _keras("test_on_batch", model, call)
+        return routing.keras_method("test_on_batch")(model, **call)
 
 
 @contextlib.contextmanager
@@ -566,7 +572,7 @@ def _keras_fit(model: Any, call: dict, named: set, progress: FitProgress, strate
     with stop_on_interrupt(model) as stop, strategy.scope(), \
             _default_shuffle_unsaid("shuffle" not in named):
         try:
-            history = _keras("fit", model, call)
+            history = routing.keras_method("fit")(model, **call)
         except KeyboardInterrupt:
             interrupted, history = True, getattr(model, "history", None)
         except CheckpointError as exc:  # e.g. a full disk: stop, keep what was learned
@@ -574,15 +580,6 @@ def _keras_fit(model: Any, call: dict, named: set, progress: FitProgress, strate
         finally:
             progress.close(interrupted=interrupted or stop.requested)
     return history, interrupted or stop.requested, failure
-
-
-def _keras(name: str, model: Any, call: dict) -> Any:
-    """Keras's own `model.<name>(**call)`; the functions it traced are then known to take
-    the variables the call left (see `model_setup.traced`)."""
-    try:
-        return routing.keras_method(name)(model, **call)
-    finally:
-        traced(model)
 
 
 def _seen_plan(batch: int, replicas: int) -> BatchPlan:

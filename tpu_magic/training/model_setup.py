@@ -4,7 +4,8 @@ Steps per execution and `jit_compile` where the connection cannot run them, the
 exactness overrides (see `exactness`), float32 outputs under a mixed policy (see
 `precision`), a subclassed model without `call()` marked built, and a retrace where any of
 these changed (or the first time tpu_magic runs the model): functions Keras traced before
-would run without them.
+would run without them. After each call, `settle_traced_state`: what Keras built in it (a
+first fit's optimizer and metrics variables) is part of what its functions were traced with.
 """
 
 from __future__ import annotations
@@ -54,6 +55,29 @@ def prepare(model: Any, connection: Any, steps_per_execution: int | None,
     return notes
 
 
+def settle_traced_state(model: Any) -> None:
+    """After a call Keras ran: what Keras builds in a model's first call (its optimizer's
+    variables, its compiled metrics') joins the state the functions were just traced with,
+    so the next call does not retrace for it, as plain Keras does not (on JAX a retrace
+    recompiles the step, 1.2 s of a KerasHub Gemma LoRA cell's second fit on 8 simulated
+    devices; on TensorFlow the seeds' CNN traced again and held 0.3 GiB more). Anything else that changed during the call (a callback unfreezing a layer)
+    still retraces the next one."""
+    before = model.__dict__.get(_STATE)
+    if before is None:
+        return
+    after = state_key(model)
+    if after != before and _built_since(before, after):
+        object.__setattr__(model, _STATE, after)
+
+
+def _built_since(before: tuple, after: tuple) -> bool:
+    """Whether `after` is `before` with only Keras's first-call builds added: the optimizer's
+    variables where there were none, and metrics' variables after those there were."""
+    trainable, fixed, optimizer, metrics = before
+    return (after[:2] == (trainable, fixed) and optimizer in ((), after[2])
+            and after[3][:len(metrics)] == metrics)
+
+
 def _mark_built_without_call(model: Any) -> None:
     """A subclassed model with its own train_step and no `call()` (keras-io's VAE) counts as
     built once its layers are.
@@ -67,21 +91,6 @@ def _mark_built_without_call(model: Any) -> None:
     layers = list(model._flatten_layers(include_self=False))
     if layers and all(layer.built for layer in layers):
         model.built = True
-
-
-def traced(model: Any) -> None:
-    """After a Keras call on `model`: the functions it traced take the optimizer's and the
-    metrics' variables as they are now. A model's first call builds the optimizer's slots
-    and the compiled metrics after `prepare` read the key, and that growth is no change to
-    retrace for (it had retraced the next cell's every function: measured on TensorFlow's
-    seed CNN, a second compile and 0.3 GiB more host memory). A changed trainable or
-    non-trainable set stays a change."""
-    if not model.__dict__.get(_TRACED) or model.train_function is None and \
-            model.test_function is None and model.predict_function is None:
-        return
-    before, now = model.__dict__.get(_STATE), state_key(model)
-    if before is not None and before[:2] == now[:2]:
-        object.__setattr__(model, _STATE, now)
 
 
 def state_key(model: Any) -> tuple:
