@@ -9,7 +9,7 @@ import keras
 import tpu_magic
 from tpu_magic.training.progress import FitProgress, FitTiming
 
-from support.cells import DENSE, dense_model, train, traced_steps_kept
+from support.cells import DENSE, dense_model, overrides_kept, train, traced_steps_kept
 from support.data import SETUP
 from support.same import cpu_copy
 
@@ -31,6 +31,10 @@ def test_a_model_built_in_the_cell_trains_on_8_replicas(digits):
 
 def test_a_later_cell_runs_the_traced_step_until_the_trainable_set_changes(digits):
     assert traced_steps_kept(digits) == (True, True)
+
+
+def test_a_model_class_with_its_own_fit_keeps_it_in_later_cells(digits):
+    assert overrides_kept(digits) == (3, 1)
 
 
 def test_padded_training_step_has_the_gradient_of_the_real_samples(digits):

@@ -8,7 +8,7 @@ import pytest
 from IPython.core.error import UsageError
 
 import tpu_magic
-from support.cells import CNN, SHARDED, train, traced_steps_kept
+from support.cells import CNN, SHARDED, overrides_kept, train, traced_steps_kept
 
 LSTM = """
 keras.utils.set_random_seed(0)
@@ -53,6 +53,10 @@ def test_the_seed_cnn_trains_with_a_partial_last_batch(ip, tmp_path):
 
 def test_a_later_cell_runs_the_traced_step_until_the_trainable_set_changes(ip):
     assert traced_steps_kept(ip) == (True, True)
+
+
+def test_a_model_class_with_its_own_fit_keeps_it_in_later_cells(ip):
+    assert overrides_kept(ip) == (3, 1)
 
 
 def test_six_sample_predict_and_thirteen_sample_evaluate_equal_the_cpu_copy(ip):

@@ -101,9 +101,20 @@ _DISPATCH = {name: _dispatching(name) for name in METHODS}
 @contextlib.contextmanager
 def cell(router: Router) -> Iterator[None]:
     """`router` takes every call on this thread while the cell runs."""
-    global _entries
     previous = getattr(_local, "cell", None)
     _local.cell = router
+    try:
+        with _dispatched():
+            yield
+    finally:
+        _local.cell = previous
+
+
+@contextlib.contextmanager
+def _dispatched() -> Iterator[None]:
+    """`keras.Model`'s methods dispatch (`_dispatching`) while inside: counted process-wide,
+    the first entry saves what the class held and the last exit puts it back."""
+    global _entries
     with _lock:
         if _entries == 0:
             for name in METHODS:
@@ -114,7 +125,6 @@ def cell(router: Router) -> Iterator[None]:
     try:
         yield
     finally:
-        _local.cell = previous
         with _lock:
             _entries -= 1
             if _entries == 0:
@@ -137,10 +147,39 @@ def inside_keras() -> Iterator[None]:
 
 
 def adopt(model: Any, router: Router) -> None:
-    """From now on, outside cells too, the model's `fit`/`evaluate`/`predict` go to `router`."""
+    """From now on, outside cells too, the model's `fit`/`evaluate`/`predict` go to `router`.
+
+    Where the model's class overrides a method (a KerasHub task's `fit` turns strings into
+    token batches, then calls `super().fit`), the instance's method runs that override, and
+    the Keras method it calls goes to the router: the override is never skipped.
+    """
     object.__setattr__(model, _ADOPTED, router)
     for name in METHODS:
-        object.__setattr__(model, name, types.MethodType(_DISPATCH[name], model))
+        own = _overriding(type(model), name)
+        method = _DISPATCH[name] if own is None else _through(own)
+        object.__setattr__(model, name, types.MethodType(method, model))
+
+
+def _overriding(cls: type, name: str) -> Any:
+    """The class's own `name` where a subclass of `keras.Model` overrides Keras's; None
+    where the class runs Keras's."""
+    for klass in cls.__mro__:
+        if klass is keras.Model:
+            return None
+        if name in klass.__dict__:
+            return klass.__dict__[name]
+    return None
+
+
+def _through(override: Callable[..., Any]) -> Callable[..., Any]:
+    """`override`, run with `keras.Model`'s methods dispatching: its `super()` call is routed."""
+    def method(model, *args, **kwargs):
+        with _dispatched():
+            return override(model, *args, **kwargs)
+
+    method.__name__, method.__doc__, method.__wrapped__ = \
+        override.__name__, override.__doc__, override
+    return method
 
 
 # What a plain cell must not call on a model a background job is training: each would read

@@ -8,6 +8,7 @@ from __future__ import annotations
 import concurrent.futures
 from typing import Any, Callable, Iterator
 
+import keras
 import numpy as np
 
 from tpu_magic.backends.tf.variables import reading, replica_values
@@ -48,10 +49,11 @@ def _one_device_steps(model: Any, before: StepState, batches: list,
             raise ValueError("the copy's optimizer does not hold the model's state")
         for variable, value in zip(copy.optimizer.variables, before.optimizer):
             variable.assign(value)
-    # `fit` over exactly these batches, as Keras's own fit hands them to a step ((x, y)
-    # without a weight: a custom `train_step` may unpack two), and its epoch's logs
-    history = copy.fit(_replayed(batches), steps_per_epoch=len(batches), epochs=1,
-                       verbose=0)
+    # Keras's own `fit` over exactly these batches, as it hands them to a step ((x, y)
+    # without a weight: a custom `train_step` may unpack two), and its epoch's logs; not a
+    # class's own `fit` (a KerasHub task's would prepare the prepared batches again)
+    history = keras.Model.fit(copy, _replayed(batches), steps_per_epoch=len(batches),
+                              epochs=1, verbose=0)
     logs = {key: values[-1] for key, values in history.history.items()}
     after = StepState(*(tuple(None if h is None else host_copy(v.value)
                               for h, v in zip(host, group))
