@@ -119,11 +119,10 @@ def measure(args) -> int:
             shell.run_cell(fit, store_history=False).raise_error()
             timed.append(time.perf_counter() - start)
     else:
-        # The model built in a cell of its own, then the timed cell's `fit` once to compile:
-        # a KerasHub task trained in the cell that built it goes through the task's own
-        # `fit` (arrays become a grain dataset), in later cells through the model tpu_magic
-        # adopted (arrays as arrays), a different input, so a second compile in the timed
-        # cell if the warm-up were the building cell's.
+        # The model built in a cell of its own, then the timed cell's `fit` once to compile
+        # (and to run the first-step check) with the timed cell's own input, so the timed
+        # cells compile nothing. (When this was written, later cells skipped the task's own
+        # `fit`, feeding another input than the building cell; they no longer do.)
         shell.run_cell_magic("tpu_train", "--no-progress", BUILD)
         shell.run_cell_magic("tpu_train", "--no-progress", fit.format(verbose=", verbose=0"))
         for _ in range(args.repeats):
