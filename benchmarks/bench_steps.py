@@ -45,6 +45,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_train import stateless_step  # the same raw step (this folder is on the path)
+
 ROOT = Path(__file__).resolve().parent.parent
 PIXELS, CLASSES = 784, 10
 
@@ -83,17 +85,10 @@ def raw_scan(keras, connection, x, y, batch: int, k: int):
                             [v.value for v in raw.non_trainable_variables],
                             [v.value for v in optimizer.variables]), replicated)
 
+    one = stateless_step(keras, raw, optimizer, loss_fn)
+
     def step(state, batch_xy):
-        trainable, fixed, slots = state
-        inputs, labels = batch_xy
-
-        def compute(trainable):
-            predictions, fixed_after = raw.stateless_call(trainable, fixed, inputs, training=True)
-            return keras.ops.mean(loss_fn(labels, predictions)), fixed_after
-
-        (loss, fixed_after), grads = jax.value_and_grad(compute, has_aux=True)(trainable)
-        trainable, slots = optimizer.stateless_apply(slots, grads, trainable)
-        return (trainable, fixed_after, slots), loss
+        return one(state, *batch_xy)
 
     run_group = jax.jit(lambda state, xs, ys: jax.lax.scan(step, state, (xs, ys)),
                         donate_argnums=0)

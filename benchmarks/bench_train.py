@@ -137,6 +137,26 @@ def tf_raw_loop(keras, model, connection, x, y, batch, steps, precision_policy):
     return run
 
 
+def stateless_step(keras, raw, optimizer, loss_fn):
+    """One train step of `raw` as a pure function of (trainable, non-trainable, optimizer)
+    state and a batch (stateless Keras calls): `step(state, inputs, labels)` returns the
+    new state and the batch's mean loss. Not compiled: the caller jits or scans it."""
+    import jax
+
+    def step(state, inputs, labels):
+        trainable, fixed, slots = state
+
+        def compute(trainable):
+            predictions, fixed_after = raw.stateless_call(trainable, fixed, inputs, training=True)
+            return keras.ops.mean(loss_fn(labels, predictions)), fixed_after
+
+        (loss, fixed_after), grads = jax.value_and_grad(compute, has_aux=True)(trainable)
+        trainable, slots = optimizer.stateless_apply(slots, grads, trainable)
+        return (trainable, fixed_after, slots), loss
+
+    return step
+
+
 def jax_raw_loop(keras, model, connection, x, y, batch, steps, precision_policy):
     """A `jax.jit` train step (stateless Keras calls) on batches sharded over the devices."""
     import jax
@@ -155,18 +175,7 @@ def jax_raw_loop(keras, model, connection, x, y, batch, steps, precision_policy)
                             [v.value for v in raw.non_trainable_variables],
                             [v.value for v in optimizer.variables]), replicated)
 
-    def step(state, inputs, labels):
-        trainable, fixed, slots = state
-
-        def compute(trainable):
-            predictions, fixed_after = raw.stateless_call(trainable, fixed, inputs, training=True)
-            return keras.ops.mean(loss_fn(labels, predictions)), fixed_after
-
-        (loss, fixed_after), grads = jax.value_and_grad(compute, has_aux=True)(trainable)
-        trainable, slots = optimizer.stateless_apply(slots, grads, trainable)
-        return (trainable, fixed_after, slots), loss
-
-    step = jax.jit(step, donate_argnums=0)
+    step = jax.jit(stateless_step(keras, raw, optimizer, loss_fn), donate_argnums=0)
     batches = [(jax.device_put(x[i * batch:(i + 1) * batch], sharded),
                 jax.device_put(y[i * batch:(i + 1) * batch], sharded)) for i in range(steps)]
     holder = {"state": state}
