@@ -14,15 +14,30 @@ from pathlib import Path
 
 import pytest
 
-from tpu_magic.backends.jax.connect import host_device_flags
+from tpu_magic.backends.jax.connect import (COLLECTIVE_WAIT, COLLECTIVE_WAIT_SECONDS,
+                                            host_device_flags)
 
 HERE = Path(__file__).parent
 
 
 def test_an_earlier_device_count_in_xla_flags_is_replaced():
     flags = "--xla_cpu_enable_fast_math=false --xla_force_host_platform_device_count=2"
-    assert host_device_flags(flags, 8) == ("--xla_cpu_enable_fast_math=false "
-                                           "--xla_force_host_platform_device_count=8")
+    assert host_device_flags(flags, 8, jaxlib="0.7.2") == (
+        "--xla_cpu_enable_fast_math=false --xla_force_host_platform_device_count=8")
+
+
+def test_simulated_devices_wait_long_for_a_starved_device_where_jaxlib_has_the_flag():
+    # XLA aborts the process when one device reaches a collective 40 s after the others, as a
+    # thread of a loaded 2-core host can; jaxlib 0.7 has no such flag and would abort on it
+    wait = f"{COLLECTIVE_WAIT}={COLLECTIVE_WAIT_SECONDS}"
+    assert host_device_flags("", 8, jaxlib="0.8.0").split() == [
+        "--xla_force_host_platform_device_count=8", wait]
+    assert wait in host_device_flags("", 8, jaxlib="0.12.0.dev20260920")
+    assert COLLECTIVE_WAIT not in host_device_flags("", 8, jaxlib="0.7.2")
+    assert COLLECTIVE_WAIT not in host_device_flags("", 8, jaxlib="")
+    users = f"{COLLECTIVE_WAIT}=5"  # the user's own setting stays
+    assert host_device_flags(users, 8, jaxlib="0.10.2").split() == [
+        users, "--xla_force_host_platform_device_count=8"]
 
 
 def test_jax_after_keras_started_on_tensorflow_says_to_restart(ip):

@@ -21,6 +21,13 @@ from tpu_magic.core.session import Connection
 from tpu_magic.core.target import Target, no_tpu_fix
 
 _DEVICE_COUNT = re.compile(r"--xla_force_host_platform_device_count=\d+")
+# A simulated device is a thread of the host: on a loaded CPU (two cores running eight
+# devices, or a notebook's other work) one can reach a collective far later than the rest,
+# and past XLA's 40 s XLA aborts the whole process (the notebook's kernel). Simulated devices
+# wait this long instead. jaxlib < 0.8.0 has no such flag, and an unknown flag aborts it.
+COLLECTIVE_WAIT = "--xla_cpu_collective_call_terminate_timeout_seconds"
+COLLECTIVE_WAIT_SECONDS = 600
+_COLLECTIVE_WAIT_FROM = (0, 8, 0)
 
 
 def connect(backend: Backend, chosen: Target, simulate: int | None, explicit_gpu: bool,
@@ -128,10 +135,23 @@ def _native_stderr_kept() -> Iterator[Callable[[], str]]:
         os.close(saved)
 
 
-def host_device_flags(flags: str, n: int) -> str:
-    """XLA_FLAGS with the host platform split into `n` devices (any earlier count replaced)."""
+def host_device_flags(flags: str, n: int, jaxlib: str | None = None) -> str:
+    """XLA_FLAGS with the host platform split into `n` devices (any earlier count replaced),
+    whose collectives wait `COLLECTIVE_WAIT_SECONDS` for a starved device where the installed
+    `jaxlib` (its version; None: looked up) knows the flag and the flags do not set it."""
     kept = _DEVICE_COUNT.sub("", flags).split()
-    return " ".join(kept + [f"--xla_force_host_platform_device_count={n}"])
+    kept.append(f"--xla_force_host_platform_device_count={n}")
+    jaxlib = installed_versions().get("jaxlib") if jaxlib is None else jaxlib
+    if _release(jaxlib) >= _COLLECTIVE_WAIT_FROM and \
+            not any(flag.startswith(COLLECTIVE_WAIT + "=") for flag in kept):
+        kept.append(f"{COLLECTIVE_WAIT}={COLLECTIVE_WAIT_SECONDS}")
+    return " ".join(kept)
+
+
+def _release(version: str | None) -> tuple[int, ...]:
+    """(0, 8, 1) of "0.8.1" or "0.8.1.dev20251120"; () where unknown (older than any)."""
+    numbers = re.match(r"(\d+)\.(\d+)\.(\d+)", version or "")
+    return tuple(int(part) for part in numbers.groups()) if numbers else ()
 
 
 def _cache_note(setting: str | None, env: Mapping[str, str]) -> str:
