@@ -646,7 +646,11 @@ def test_a_lora_language_models_checkpoints_hold_what_trains_and_resume(ip, tmp_
 
     damaged = tmp_path / "ckpt-000002-epoch-0001.orbax"
     shutil.copytree(written[0], damaged)
-    for shard in (damaged / "ocdbt.process_0" / "d").iterdir():
+    # every data file: each process's own (ocdbt.process_0/d), and the merged copy at the top
+    # (d/) that orbax-checkpoint 0.12.8 writes and reads from
+    data = [f for f in damaged.rglob("*") if f.is_file() and f.parent.name == "d"]
+    assert data
+    for shard in data:
         shard.write_bytes(shard.read_bytes()[:100])
     # resumed into another mesh (1x8): orbax lays each array out as the model is now
     resumed = train(ip, cell, line.replace("2x4", "1x8") + " --resume")
