@@ -68,13 +68,24 @@ def _index_batches(samples: int, batch: int, shuffle: bool, repeat: bool, seed: 
 def _loaded(indices: tf.data.Dataset, load: Callable[[tf.Tensor], Any]) -> tf.data.Dataset:
     """Batches of indices → batches of data, a few batches ahead, with tf.data's autotuning off.
 
+    `load` is traced as it is, without AutoGraph (`_traced_as_is`): each replica's pipeline
+    traces it again for every fit.
+
     An iterator with autotuning runs a thread that sleeps in ever longer periods, and
     freeing the iterator waits for it: that is what made Keras's MultiDeviceIterator
     slow to free (see `_distributed`). Turning it off alone did not help there (those
     were Keras's per-device datasets); for our own per-replica iterators it keeps the
     thread away. Fixed parallelism and a prefetch of two batches keep the device fed.
     """
-    return _without_autotune(indices.map(load, num_parallel_calls=_PARALLEL_LOADS).prefetch(2))
+    return _without_autotune(indices.map(_traced_as_is(load),
+                                         num_parallel_calls=_PARALLEL_LOADS).prefetch(2))
+
+
+def _traced_as_is(function: Callable[..., Any]) -> Callable[..., Any]:
+    """`function` for tf.data's `map`, traced without AutoGraph's conversion: tpu_magic's
+    loaders branch only on Python values, never on tensors, and converting them cost most
+    of a trace (8 replicas' pipelines, every fit)."""
+    return tf.autograph.experimental.do_not_convert(function)
 
 
 def _distributed(indices: tf.data.Dataset, load: Callable[..., Any], batch: int,
@@ -203,7 +214,7 @@ def train_pipeline(x: Any, y: Any, sample_weight: Any, batch: int, shuffle: bool
 def _first(indices: tf.data.Dataset, load: Callable[[tf.Tensor], Any], k: int) -> list:
     """The first `k` whole batches of a pipeline, as NumPy, read on their own."""
     return [tf.nest.map_structure(lambda t: t.numpy(), batch)
-            for batch in indices.take(k).map(load)]
+            for batch in indices.take(k).map(_traced_as_is(load))]
 
 
 def eval_pipeline(x: Any, y: Any, sample_weight: Any, batch: int, strategy: Any = None,
@@ -261,11 +272,12 @@ def whole_batches(dataset: Any, batch: int, strategy: Any) -> Any:
         return (tf.nest.map_structure(fill, x), tf.nest.map_structure(fill, y),
                 _packed(mask, fill(element[2]) if len(element) > 2 else None))
 
-    whole = dataset.map(padded, num_parallel_calls=_PARALLEL_LOADS)
+    whole = dataset.map(_traced_as_is(padded), num_parallel_calls=_PARALLEL_LOADS)
     if not _splits_per_replica(strategy) or unseeded_shuffle(dataset):
         return whole
     return _split_over_replicas(
-        lambda keep: _without_autotune(whole.map(lambda *element: keep(element)).prefetch(2)),
+        lambda keep: _without_autotune(
+            whole.map(_traced_as_is(lambda *element: keep(element))).prefetch(2)),
         batch, strategy)
 
 
