@@ -83,8 +83,9 @@ def _loaded(indices: tf.data.Dataset, load: Callable[[tf.Tensor], Any]) -> tf.da
 
 def _traced_as_is(function: Callable[..., Any]) -> Callable[..., Any]:
     """`function` for tf.data's `map`, traced without AutoGraph's conversion: tpu_magic's
-    loaders branch only on Python values, never on tensors, and converting them cost most
-    of a trace (8 replicas' pipelines, every fit)."""
+    loaders branch only on Python values, never on tensors, so converting them buys nothing
+    (measured on 8 replicas' pipelines of the seeds' CNN, noisy: 0.08-0.09 s traced as is
+    against 0.09-0.31 s converted, at every fit)."""
     return tf.autograph.experimental.do_not_convert(function)
 
 
