@@ -33,6 +33,33 @@ def test_a_later_cell_runs_the_traced_step_until_the_trainable_set_changes(digit
     assert traced_steps_kept(digits) == (True, True)
 
 
+def test_a_built_model_starts_its_calls_without_drawing_a_batch_to_build_it(digits, monkeypatch):
+    # Keras's TF fit and evaluate (a fit's validation too) of a model made under a strategy
+    # start iterators and draw and average a batch only to build what is unbuilt; once all is
+    # built tpu_magic skips that (backends/tf/call_start.py), and draws it where anything is not
+    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+
+    keras_own, reached = TensorFlowTrainer._maybe_symbolic_build, []
+
+    def counting(self, iterator=None, data_batch=None):
+        reached.append(iterator is not None)
+        return keras_own(self, iterator=iterator, data_batch=data_batch)
+
+    monkeypatch.setattr(TensorFlowTrainer, "_maybe_symbolic_build", counting)
+    fit = ("history = model.fit(x[:128], y[:128], batch_size=64, epochs=2, verbose=0, "
+           "validation_data=(x[128:192], y[128:192]))\n"
+           "scores = model.evaluate(x[:64], y[:64], batch_size=64, return_dict=True)")
+    train(digits, DENSE + fit)  # the first fit builds the compiled metrics: Keras's own start
+    first = len(reached)
+    assert first >= 1 and reached[0]
+    model = digits.user_ns["model"]
+    train(digits, fit)
+    assert len(reached) == first  # nothing drawn: two fits' worth of validation and evaluate
+    assert "_maybe_symbolic_build" not in model.__dict__  # Keras's own again outside the calls
+    history = digits.user_ns["history"].history
+    assert len(history["val_loss"]) == 2 and np.isfinite(history["val_loss"]).all()
+
+
 def test_a_model_class_with_its_own_fit_keeps_it_in_later_cells(digits):
     assert overrides_kept(digits) == (3, 1)
 

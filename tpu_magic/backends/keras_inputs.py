@@ -115,6 +115,7 @@ class WholeBatches(DataAdapter):
         self.full = 0  # the largest batch seen (after padding)
         self.fed: list = []  # the first `keep` batches of the latest pass
         self.reading = [0.0, 0]  # seconds spent reading batches, and how many
+        self._passes: Iterator[int] | None = None  # the tf.data passes started (TensorFlow)
 
     def get_numpy_iterator(self) -> Iterator[Any]:
         self.fed = []
@@ -178,14 +179,23 @@ class WholeBatches(DataAdapter):
         # tf.data's prefetch took, even after it was left) reaches the second, and a
         # one-shot generator loses nothing. The second pass takes each batch off the
         # tape as it reads it (the tape holds at most the prefetched few).
+        # Where tpu_magic skips that read for a built model (`build_pass_skipped`), the
+        # pass it would have made is counted all the same, so the epoch is still the second.
         tape = _Tape(itertools.chain([first], first_pass))
-        count = itertools.count(1)
+        count = self._passes = itertools.count(1)
 
         def passes() -> Iterator[Any]:
             n = next(count)
             return tape.read(keep=n == 1) if n <= 2 else self.get_numpy_iterator()
 
         return tf.data.Dataset.from_generator(passes, output_signature=spec)
+
+    def build_pass_skipped(self) -> None:
+        """Keras's TensorFlow trainer did not read the pass it reads one batch of to build
+        the model (`backends/tf/call_start.py`): the next pass is the call's own, as if that
+        one had been read (after the first, a fresh pass; the first call's, the tape)."""
+        if self._passes is not None:
+            next(self._passes)
 
     @property
     def num_batches(self) -> int | None:

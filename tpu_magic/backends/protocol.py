@@ -136,7 +136,8 @@ class Backend(Protocol):
     def replica_steps(self, model: Any, connection: "Connection") -> ContextManager[Any]:
         """While tpu_magic runs the model's steps on the replicas: each replica's losses are
         those of its own batch, as on one device, its optimizers average the replicas'
-        gradients, and every optimizer it holds is built before the first step."""
+        gradients, every optimizer it holds is built before the first step, and a call
+        of a model already built starts without reading a batch only to build it."""
 
     def leads(self) -> bool:
         """Whether this process writes the files a run keeps (checkpoints): process 0 of

@@ -1,16 +1,18 @@
 """Keras on TensorFlow: the `Backend` object. Each method hands its job to the module that
 does it: `connect` (strategies, TPU init, `--simulate`), `devices` (the device view), `data`
 (NumPy and user inputs as tf.data), `replica_steps` (the replicas' loss semantics),
-`variables` (mirrored variables and their strategy), `parity` (the first-step check).
+`call_start` (a call's start without Keras's build batch), `variables` (mirrored variables
+and their strategy), `parity` (the first-step check).
 TensorFlow is imported by the methods, never here.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+import contextlib
+from typing import Any, Callable, Iterator, Mapping
 
 from tpu_magic.backends.protocol import Named
-from tpu_magic.backends.tf import connect, devices, parity, replica_steps, variables
+from tpu_magic.backends.tf import call_start, connect, devices, parity, replica_steps, variables
 from tpu_magic.core.devices import DeviceView
 from tpu_magic.core.errors import ShardError
 from tpu_magic.core.flops import counted_training_flops
@@ -96,8 +98,11 @@ class TensorFlowBackend(Named):
     def replica_sum(self, value: Any) -> Any:
         return replica_steps.replica_sum(value)
 
-    def replica_steps(self, model: Any, connection: Connection) -> Any:
-        return replica_steps.replica_steps(model, connection)
+    @contextlib.contextmanager
+    def replica_steps(self, model: Any, connection: Connection) -> Iterator[None]:
+        with call_start.without_build_batch(model), \
+                replica_steps.replica_steps(model, connection):
+            yield
 
     def model_parallel(self, connection: Connection, rows: int, columns: int,
                        owners: Any = None) -> Connection:
