@@ -46,6 +46,21 @@ def test_the_report_sets_achieved_tflops_against_the_measured_peak(digits):
     assert "input: " in text and "input-bound" in text
 
 
+def test_a_later_fit_of_the_same_pipeline_reuses_the_input_measurement(digits):
+    # drawing tpu_magic's own pipeline again after fit starts every replica's iterator; a
+    # later fit of the same shapes, samples, batch and replicas reuses the first's figure
+    digits.run_line_magic("tpu_connect", "--simulate 8 --no-panel")
+    fit = "conv.fit(x[:1024].reshape(-1, 8, 8, 1), y[:1024], batch_size={}, epochs=1, verbose=0)"
+    first = digits.run_cell_magic("tpu_train", "--no-progress", CONV + fit.format(128)).utilization
+    assert "drawn on their own after fit" in first.input_how and first.input_batch_seconds
+    again = digits.run_cell_magic("tpu_train", "--no-progress", fit.format(128)).utilization
+    assert "drawn after an earlier fit of the same pipeline" in again.input_how
+    assert again.input_batch_seconds == first.input_batch_seconds
+    assert again.input_key == first.input_key
+    other = digits.run_cell_magic("tpu_train", "--no-progress", fit.format(64)).utilization
+    assert "drawn on their own after fit" in other.input_how and other.input_key != first.input_key
+
+
 def test_a_slow_input_is_called_input_bound(digits):
     report = digits.run_cell_magic("tpu_train", "--no-progress", CONV + """
 import time

@@ -316,6 +316,21 @@ conv.fit(x.reshape(-1, 8, 8, 1), y, batch_size=128, epochs=2, verbose=0)
     assert 0 <= used.input_share <= 1 and "drawn on their own after fit" in used.input_how
 
 
+def test_a_later_fit_of_the_same_pipeline_reuses_the_input_measurement_on_jax(ip):
+    fit = "dense.fit(x[:1024], y[:1024], batch_size={}, epochs=1, verbose=0)"
+    first = train(ip, """
+keras.utils.set_random_seed(4)
+dense = keras.Sequential([keras.Input((64,)), keras.layers.Dense(10, activation="softmax")])
+dense.compile("sgd", "sparse_categorical_crossentropy")
+""" + fit.format(128)).utilization
+    assert "drawn on their own after fit" in first.input_how and first.input_batch_seconds
+    again = train(ip, fit.format(128)).utilization
+    assert "drawn after an earlier fit of the same pipeline" in again.input_how
+    assert again.input_batch_seconds == first.input_batch_seconds
+    other = train(ip, fit.format(64)).utilization
+    assert "drawn on their own after fit" in other.input_how and other.input_key != first.input_key
+
+
 def test_a_slow_input_is_called_input_bound_on_jax(ip):
     report = train(ip, """
 import time

@@ -33,6 +33,13 @@ def is_array_input(x: Any) -> bool:
     return bool(leaves) and all(isinstance(a, np.ndarray) for a in leaves)
 
 
+def rows_spec(data: Any) -> Any:
+    """The shape of one row and the dtype of each array in `data` (None kept as None)."""
+    return keras.tree.map_structure(
+        lambda a: None if a is None else (tuple(np.shape(a)[1:]), str(np.asarray(a).dtype)),
+        data, none_is_leaf=True)
+
+
 def num_samples(x: Any) -> int:
     """The common first dimension of the arrays in `x` (see `common_length`)."""
     return common_length("the call", x=x)

@@ -100,7 +100,8 @@ def start_training(connection: Connection, workspace: Workspace,
     request = read_request(connection, batch_size=batch_size, epochs=epochs,
                            scale_lr=scale_lr, progress=False)
     training = TrainingCell(connection, request, namespace, say=lambda _text: None, view=view,
-                            agreed=frozenset(workspace.agreed))
+                            agreed=frozenset(workspace.agreed),
+                            inputs_measured=dict(workspace.inputs_measured))
     last = workspace.last_fit
     job = TrainJob(lambda stop: training.run(FitAgain(last, stop)), on_done)
     workspace.job = job

@@ -308,6 +308,7 @@ class TpuMagics(Magics, Configurable):
             measured_tflops=check.measured_tflops if check is not None else None)
         return TrainingCell(connection, request, self.shell.user_ns, bar=_progress_bar(),
                             view=workspace.panel, agreed=frozenset(workspace.agreed),
+                            inputs_measured=dict(workspace.inputs_measured),
                             watch=_call_watch())
 
     def _connected(self):

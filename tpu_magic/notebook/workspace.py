@@ -37,6 +37,9 @@ class Workspace:
     report: Any = None  # the last `%%tpu_train` cell's `TrainReport` (also when it was interrupted)
     # first-step setups that agreed with one device (`training.parity.setup_key`)
     agreed: set = field(default_factory=set)
+    # a batch's input seconds of tpu_magic's own pipelines, by key (`utilization.input_need`),
+    # for this connection
+    inputs_measured: dict = field(default_factory=dict)
 
     @property
     def busy(self) -> bool:
@@ -58,6 +61,7 @@ class Workspace:
         if connection is not self.connection:
             self.panel = self.last_model = self.last_model_name = self.last_fit = self.job = None
             self.check = None
+            self.inputs_measured = {}
             self.connection = connection
 
     def trained(self, model: Any, name: str | None, fit: Any) -> None:
@@ -81,6 +85,9 @@ class Workspace:
         parity = getattr(report, "parity", None)
         if parity is not None and getattr(parity, "setup", "") and parity.agrees:
             self.agreed.add(parity.setup)
+        used = getattr(report, "utilization", None)
+        if used is not None and used.input_key and used.input_batch_seconds is not None:
+            self.inputs_measured[used.input_key] = used.input_batch_seconds
 
 
 def busy_error(action: str) -> BusyError:

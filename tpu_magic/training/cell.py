@@ -15,7 +15,7 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Iterator, MutableMapping
+from typing import Any, Callable, ContextManager, Iterator, Mapping, MutableMapping
 
 import keras
 
@@ -97,6 +97,8 @@ class TrainingCell:
         view: shows the training live too (the panel's training area).
         agreed: first-step setups that agreed with one device earlier in this notebook
             (`parity.setup_key`): not compared again.
+        inputs_measured: a batch's input seconds measured on earlier fits of tpu_magic's
+            own pipelines, by key (`Inputs.measurable_key`): not drawn again.
 
     The cell goes one way: the request, the placement (`placement.place`, settled again
     before a fit's first step), the run (each Keras call a step of its own, whose outcome is
@@ -109,6 +111,7 @@ class TrainingCell:
                  namespace: MutableMapping[str, Any], say: Callable[[str], None] = print,
                  bar: Any = None, view: TrainingView | None = None,
                  agreed: frozenset = frozenset(),
+                 inputs_measured: Mapping[str, float] | None = None,
                  watch: Callable[[str], ContextManager[Any]] | None = None):
         self.request = request
         self.code = ""  # run's cell: the classes it names lay out a mesh (`layout_owners`)
@@ -131,6 +134,9 @@ class TrainingCell:
         self.flops = utilization.FlopCounts(connection.backend)
         self.verified = False  # the cell's first fit ran the parity check (or skipped it)
         self.agreed = agreed
+        # a batch's input seconds of tpu_magic's own pipelines, by key, from earlier fits of
+        # this notebook and this cell (`utilization.input_need`)
+        self.inputs_measured = dict(inputs_measured or {})
         # around each Keras call the cell makes (an engine of several hosts tells the
         # notebook where it is: `hosts.progress.in_call`)
         self.watch = watch or (lambda name: contextlib.nullcontext())
@@ -390,13 +396,17 @@ class TrainingCell:
         if not plan.global_batch:  # a dataset's batch, known once Keras read it
             plan = _seen_plan(given_batch_size(call["x"]), self.connection.replicas)
         self.last_model, self.last_fit = model, recorded
+        used = utilization.of_fit(
+            self.connection, self.flops.counted(model), timing.samples_per_second,
+            timing.steady_seconds / timing.steady_steps if timing.steady_steps else None,
+            self.inputs.measurable, self.request.measured_tflops,
+            key=self.inputs.measurable_key, known=self.inputs_measured)
+        if used is not None and used.input_key and used.input_batch_seconds is not None:
+            self.inputs_measured[used.input_key] = used.input_batch_seconds
         self.record.fits.append(FitOutcome.of(
             plan, timing, history, interrupted,
             parity=check.outcome if check is not None else None,
-            utilization=utilization.of_fit(
-                self.connection, self.flops.counted(model), timing.samples_per_second,
-                timing.steady_seconds / timing.steady_steps if timing.steady_steps else None,
-                self.inputs.measurable, self.request.measured_tflops),
+            utilization=used,
             xla_compile=(self.connection.backend.compile_counts() - compiled_before
                          if compiled_before is not None else None),
             checkpoints=tuple(str(p) for p in saver.written) if saver is not None else (),

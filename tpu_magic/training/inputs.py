@@ -43,6 +43,11 @@ class Inputs:
         # again), a user's input that timed its own reads, else None (drawing a user's dataset
         # again would change the order its next pass reads)
         self.measurable: Any = None
+        # what makes two of tpu_magic's own pipelines cost the same a batch (element types
+        # and shapes, samples, batch, replicas, shuffle): a later fit of the same reuses the
+        # input share measured on the first (`utilization.input_need`); None for a user's
+        # input, whose pipeline the key cannot tell apart
+        self.measurable_key: str | None = None
 
     def remainder(self, model: Any, has_targets: bool) -> str:
         """What becomes of the samples that do not fill the last batch
@@ -82,6 +87,9 @@ class Inputs:
                 strategy=self.connection.strategy, remainder=remainder)
             self._count("fit", train)
             self.first_batches, self.measurable = train.first, train.dataset
+            self.measurable_key = repr((
+                type(train.dataset).__name__, arrays.rows_spec((x, y, weights)), train.samples,
+                batch, self.connection.replicas, bool(call.get("shuffle", True)), endless))
             call.update(x=train.dataset, y=None, sample_weight=None, batch_size=None,
                         shuffle=False, steps_per_epoch=call.get("steps_per_epoch")
                         or (train.steps if endless else None))
@@ -93,11 +101,11 @@ class Inputs:
             if applied:
                 call["class_weight"] = None
             batch = batch or given_batch_size(call["x"])
-            self.first_batches = getattr(call["x"], "first", None)
+            self.first_batches, self.measurable_key = getattr(call["x"], "first", None), None
             self.measurable = (call["x"] if hasattr(call["x"], "read_seconds")
                                or drawn_alike(x) else None)
         else:
-            self.first_batches = self.measurable = None
+            self.first_batches = self.measurable = self.measurable_key = None
         self._validation(model, call, plan)
         return batch
 
