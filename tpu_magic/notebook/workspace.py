@@ -86,8 +86,8 @@ class Workspace:
         if parity is not None and getattr(parity, "setup", "") and parity.agrees:
             self.agreed.add(parity.setup)
         used = getattr(report, "utilization", None)
-        if used is not None and used.input_key and used.input_batch_seconds is not None:
-            self.inputs_measured[used.input_key] = used.input_batch_seconds
+        if used is not None and used.input_measured:
+            self.inputs_measured.update([used.input_measured])
 
 
 def busy_error(action: str) -> BusyError:

@@ -401,8 +401,8 @@ class TrainingCell:
             timing.steady_seconds / timing.steady_steps if timing.steady_steps else None,
             self.inputs.measurable, self.request.measured_tflops,
             key=self.inputs.measurable_key, known=self.inputs_measured)
-        if used is not None and used.input_key and used.input_batch_seconds is not None:
-            self.inputs_measured[used.input_key] = used.input_batch_seconds
+        if used is not None and used.input_measured:
+            self.inputs_measured.update([used.input_measured])
         self.record.fits.append(FitOutcome.of(
             plan, timing, history, interrupted,
             parity=check.outcome if check is not None else None,

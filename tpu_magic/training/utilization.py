@@ -49,6 +49,14 @@ class Utilization:
     input_key: str = ""
     input_batch_seconds: float | None = None
 
+    @property
+    def input_measured(self) -> tuple[str, float] | None:
+        """(key, a batch's input seconds) for a later fit of the same pipeline to reuse;
+        None where there is nothing to reuse (a user's input, or nothing measured)."""
+        if not self.input_key or self.input_batch_seconds is None:
+            return None
+        return self.input_key, self.input_batch_seconds
+
     def lines(self) -> list[str]:
         found = []
         if self.achieved_tflops is not None:
