@@ -358,6 +358,26 @@ def test_bar_position_is_absolute_with_steps_per_execution():
     assert batch_bar.desc == "epoch 2/2" and "samples/s" in batch_bar.postfix
 
 
+def test_batch_hooks_ending_out_of_order_count_the_furthest_step_and_the_first_nan():
+    # Keras on JAX runs async-safe callbacks' batch hooks on worker threads, which may end
+    # out of order: the bar keeps the furthest step, and the first NaN wherever it arrives.
+    RecordingBar.made = []
+    timing = FitTiming(global_batch=32)
+    progress = FitProgress(timing, bar=RecordingBar, min_interval=0.0)
+    assert progress.async_safe
+    callbacks = keras.callbacks.CallbackList([progress], epochs=1, steps=10)
+    callbacks.on_train_begin()
+    callbacks.on_epoch_begin(0)
+    for step, loss in ((0, 1.0), (2, 1.0), (5, float("nan")), (1, 1.0), (4, float("nan")),
+                       (3, 1.0), (9, float("nan"))):
+        callbacks.on_train_batch_end(step, {"loss": loss})
+    assert timing.steps_done == 10 and timing.steady_steps == 9
+    assert timing.diverged == (1, 5)
+    assert RecordingBar.made[1].positions == [1, 3, 6, 10]
+    callbacks.on_epoch_end(0, {"loss": float("nan")})
+    callbacks.on_train_end()
+
+
 def test_the_magic_draws_a_live_bar_and_silences_keras(digits, capsys):
     train(digits, DENSE + "model.fit(x[:256], y[:256], batch_size=64, epochs=2)", "")
     err = capsys.readouterr().err

@@ -331,6 +331,35 @@ dense.compile("sgd", "sparse_categorical_crossentropy")
     assert "drawn on their own after fit" in other.input_how and other.input_key != first.input_key
 
 
+def test_the_magics_batch_hooks_leave_the_steps_to_run_ahead_as_a_quiet_fit_does(ip):
+    # Keras on JAX queues the next step while a step's logs are read on a worker thread,
+    # if every callback is async-safe (a plain `fit`, verbose=0). The magic's callbacks
+    # (bar, parity check, Stop) are: the hooks run off the main thread, and the parity
+    # check still compares the state right after the first step.
+    ip.run_cell("""
+import threading
+class Where(keras.callbacks.Callback):
+    async_safe = True
+    def __init__(self):
+        super().__init__()
+        self.main = []
+    def on_train_batch_end(self, batch, logs=None):
+        self.main.append(threading.current_thread() is threading.main_thread())
+keras.utils.set_random_seed(5)
+quiet = keras.Sequential([keras.Input((64,)), keras.layers.Dense(48, activation="relu"),
+                          keras.layers.Dense(10, activation="softmax")])
+quiet.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
+where = Where()
+""")
+    report = train(ip, "quiet.fit(x[:1024], y[:1024], batch_size=64, epochs=2, "
+                       "callbacks=[where])", "")
+    hooks = ip.user_ns["where"].main
+    assert len(hooks) == 32 and not any(hooks)
+    assert report.parity is not None and report.parity.agrees, report.parity
+    assert report.steps == 32
+    assert np.isfinite(report.metrics["loss"])
+
+
 def test_a_slow_input_is_called_input_bound_on_jax(ip):
     report = train(ip, """
 import time

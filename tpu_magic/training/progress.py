@@ -4,11 +4,19 @@ Like Keras's own ProgbarLogger, the bar's position is absolute (`batch + 1`):
 with `steps_per_execution=K` Keras calls the batch hook only every K batches,
 and counting one step per call (as tqdm's TqdmCallback does) falls behind.
 Drawing is throttled, so the bar costs almost nothing per step.
+
+The callback is async-safe: where the backend allows it (JAX), Keras runs the batch hooks
+of async-safe callbacks on worker threads, so the host queues the next step while one
+step's logs are read, as a plain `fit` with `verbose=0` does. A hook that reads logs waits
+for its step, so a callback that is not async-safe makes every step wait for the one
+before (the device idles while the host dispatches). The hooks may end out of order: they
+take a lock, and a step older than one already counted only adds a NaN it saw.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
@@ -105,7 +113,8 @@ class TrainingView(Protocol):
 
 
 class FitProgress(keras.callbacks.Callback):
-    """Times a `fit` and, when `bar` is given, draws epoch and batch bars.
+    """Times a `fit` and, when `bar` is given, draws epoch and batch bars (async-safe: see
+    the module's docstring).
 
     Args:
         timing: where the measurements go.
@@ -131,6 +140,9 @@ class FitProgress(keras.callbacks.Callback):
         self._view_open = False
         self.epoch_bar = None
         self.batch_bar = None
+        self._lock = threading.Lock()
+
+    async_safe = True  # Keras (JAX) may run the batch hooks on worker threads
 
     def on_train_begin(self, logs=None):
         self.timing.steps_per_epoch = self.params.get("steps") or 0
@@ -158,23 +170,31 @@ class FitProgress(keras.callbacks.Callback):
             self.batch_bar.reset(total=self.timing.steps_per_epoch or None)
 
     def on_train_batch_end(self, batch, logs=None):
-        now = time.perf_counter()
+        now = time.perf_counter()  # after the step: Keras read its logs before the hook
+        with self._lock:
+            self._batch_end(batch, logs, now)
+
+    def _batch_end(self, batch, logs, now: float) -> None:
         # Keras reports `step + K - 1` for the last execution of an epoch even when
         # fewer than K steps remained: the true position never passes the epoch's end.
         position = batch + 1
         if self.timing.steps_per_epoch:
             position = min(position, self.timing.steps_per_epoch)
-        self.timing.steps_done = self._epoch_steps_before + position
-        if not self.timing.global_batch and self._batch_of is not None:
-            self.timing.global_batch = self._batch_of()
-        if self.timing.tokens_per_sample is None and self._tokens_of is not None:
-            self.timing.tokens_per_sample, self._tokens_of = self._tokens_of(), None
-        if self.timing.diverged is None and not _finite((logs or {}).get("loss", 0.0)):
+        if not _finite((logs or {}).get("loss", 0.0)) and \
+                (self.timing.diverged is None or (self._epoch + 1, position) < self.timing.diverged):
             self.timing.diverged = (self._epoch + 1, position)
             if self.batch_bar is not None:  # said once, and kept on the bar
                 self.batch_bar.set_description(
                     f"epoch {self._epoch + 1}/{self._epochs}: loss NaN/Inf since step "
                     f"{position}", refresh=False)
+        steps_done = self._epoch_steps_before + position
+        if self._first_hook is not None and steps_done <= self.timing.steps_done:
+            return  # a step older than one counted already (the hooks ended out of order)
+        self.timing.steps_done = steps_done
+        if not self.timing.global_batch and self._batch_of is not None:
+            self.timing.global_batch = self._batch_of()
+        if self.timing.tokens_per_sample is None and self._tokens_of is not None:
+            self.timing.tokens_per_sample, self._tokens_of = self._tokens_of(), None
         if self._first_hook is None:
             self._first_hook = now
             self._steps_at_first_hook = self.timing.steps_done

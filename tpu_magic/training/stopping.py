@@ -23,6 +23,8 @@ class StopRequest:
 class StopOnEvent(keras.callbacks.Callback):
     """Ends `fit` at the next batch boundary once the event is set (the panel's Stop)."""
 
+    async_safe = True  # only sets a flag Keras reads between steps
+
     def __init__(self, event: threading.Event):
         super().__init__()
         self.event = event
