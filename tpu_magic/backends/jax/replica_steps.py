@@ -9,17 +9,23 @@ import contextlib
 import threading
 from typing import Any, Callable, Iterator
 
+from tpu_magic.backends.jax import step_types
 from tpu_magic.core.deps import require_jax
 from tpu_magic.core.session import Connection
 
 
-def replica_steps(model: Any, connection: Connection) -> Any:
-    """The context the model's steps run in. Across processes (several hosts) each holds
-    only its rows of a prediction, which Keras cannot read back: there the outputs are
+@contextlib.contextmanager
+def replica_steps(model: Any, connection: Connection) -> Iterator[None]:
+    """The context the model's steps run in: ragged batches go whole to every device, and
+    one compiled step serves every fit (`step_types`). Across processes (several hosts) each
+    holds only its rows of a prediction, which Keras cannot read back: there the outputs are
     gathered onto every device inside the step."""
-    if require_jax().process_count() == 1:
-        return _ragged_batches_whole()
-    return _both(_ragged_batches_whole(), _outputs_gathered(model, connection.strategy))
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_ragged_batches_whole())
+        stack.enter_context(step_types.one_program(model))
+        if require_jax().process_count() > 1:
+            stack.enter_context(_outputs_gathered(model, connection.strategy))
+        yield
 
 
 @contextlib.contextmanager
@@ -70,12 +76,6 @@ def _whole_where_indivisible(keras_own: Callable[..., Any]) -> Callable[..., Any
         return keras_own(per_process_batch, sharding, batch_dim_name)
 
     return distribute_data_input
-
-
-@contextlib.contextmanager
-def _both(first: Any, second: Any) -> Iterator[None]:
-    with first, second:
-        yield
 
 
 def _divides(sharding: Any, shape: tuple) -> bool:
