@@ -2,7 +2,10 @@
 inputs, a tf.data dataset and a grain dataset, against plain Keras on the same mesh.
 
     python benchmarks/bench_lora.py [--steps N] [--batch B] [--length L] [--rounds R]
-        [--repeats K] [--quick] [--json PATH]
+        [--repeats K] [--simulate N] [--ways W,W] [--quick] [--json PATH]
+
+`--simulate 0` runs on the machine's own devices (a GPU or TPU; every way on all of them),
+and `--ways` picks some of the four (a machine without TensorFlow has no tf.data way).
 
 The model: a KerasHub `GemmaCausalLM` (no preprocessor) on a `GemmaBackbone` from a small
 config (32,000-word vocabulary, 2 layers, 4 query heads, 1 key-value head, hidden 128,
@@ -91,24 +94,34 @@ def measure(args) -> int:
     from IPython.core.interactiveshell import InteractiveShell
 
     shell = InteractiveShell.instance()
-    if args.way == "plain_keras":  # no tpu_magic in this process: 8 CPU devices by hand
+    if args.way == "plain_keras":  # no tpu_magic in this process: the CPU devices by hand
         os.environ["KERAS_BACKEND"] = "jax"
-        os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+        if args.simulate:
+            os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.simulate}"
     else:
         shell.run_line_magic("load_ext", "tpu_magic")
-        shell.run_line_magic("tpu_connect", "--simulate 8 --backend jax --no-panel")
+        simulate = f"--simulate {args.simulate} " if args.simulate else ""
+        shell.run_line_magic("tpu_connect", f"{simulate}--backend jax --no-panel")
 
-    import grain
     import jax
     import keras
     import keras_hub
     import numpy as np
-    import tensorflow as tf
 
+    versions = {"jax": jax.__version__, "keras": keras.__version__,
+                "keras_hub": keras_hub.__version__}
     sequences = args.steps * args.batch
     shell.user_ns.update(tokens(np, sequences, args.length), keras=keras, keras_hub=keras_hub,
-                         tf=tf, grain=grain, VOCAB=VOCAB, batch=args.batch)
-    fit, timed = FIT[args.way], []
+                         VOCAB=VOCAB, batch=args.batch)
+    if args.way == "magic_tfdata":
+        import tensorflow as tf
+
+        shell.user_ns["tf"], versions["tensorflow"] = tf, tf.__version__
+    if args.way == "magic_grain":
+        import grain
+
+        shell.user_ns["grain"], versions["grain"] = grain, _version("grain")
+    fit, timed, used = FIT[args.way], [], None
     if args.way == "plain_keras":
         keras.distribution.set_distribution(
             keras.distribution.DataParallel(devices=jax.devices()))
@@ -130,6 +143,7 @@ def measure(args) -> int:
             if report is None:
                 raise RuntimeError("%%tpu_train failed")
             timed.append(report.seconds)
+            used = report.utilization  # the steady steps' TFLOP/s and the chip's nominal peak
     seconds = min(timed)
     result = {
         "way": args.way, "replicas": len(jax.devices()), "batch": args.batch,
@@ -137,9 +151,10 @@ def measure(args) -> int:
         "tokens_per_second": sequences * args.length / seconds,
         "peak_memory_mib": peak_memory_mib(),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-        "versions": {"jax": jax.__version__, "keras": keras.__version__,
-                     "keras_hub": keras_hub.__version__, "grain": _version("grain"),
-                     "tensorflow": tf.__version__},
+        "device": str(jax.devices()[0].device_kind), "versions": versions,
+        "achieved_tflops": used.achieved_tflops if used is not None else None,
+        "nominal_tflops": used.nominal_tflops if used is not None else None,
+        "flops_per_sample": used.flops_per_sample if used is not None else None,
     }
     with open(args.json, "w") as f:
         json.dump(result, f)
@@ -161,6 +176,10 @@ def parse(argv):
     parser.add_argument("--repeats", type=int, default=None,
                         help="timed fits a process, the fastest kept (default 2)")
     parser.add_argument("--quick", action="store_true", help="few steps, one round (a smoke run)")
+    parser.add_argument("--simulate", type=int, default=8, metavar="N",
+                        help="N simulated CPU devices (default 8; 0: the machine's own)")
+    parser.add_argument("--ways", default=",".join(WAYS),
+                        help="the ways to run, comma-separated (default all four)")
     parser.add_argument("--json", metavar="PATH", help="write the results here")
     parser.add_argument("--child-timeout", type=int, default=600,
                         help="seconds one way's process may take")
@@ -175,20 +194,26 @@ def main(argv=None) -> int:
     args.repeats = args.repeats or (1 if args.quick else 2)
     if args.way:
         return measure(args)
-    if args.batch % 8:
-        print(f"bench_lora: batch {args.batch} is not divisible by 8 devices")
+    if args.simulate and args.batch % args.simulate:
+        print(f"bench_lora: batch {args.batch} is not divisible by {args.simulate} devices")
+        return 2
+    chosen = [way.strip() for way in args.ways.split(",") if way.strip()]
+    unknown = [way for way in chosen if way not in WAYS]
+    if unknown or "magic_numpy" not in chosen or "plain_keras" not in chosen:
+        print(f"bench_lora: --ways {args.ways}: choose among {', '.join(WAYS)}, "
+              "plain_keras and magic_numpy among them (the ratios' references)")
         return 2
     rounds = args.rounds or (1 if args.quick else 3)
     env = {k: v for k, v in os.environ.items() if k not in ("KERAS_BACKEND", "XLA_FLAGS")}
-    runs = {way: [] for way in WAYS}
+    runs = {way: [] for way in chosen}
     for round_number in range(rounds):
-        for way in WAYS:
+        for way in chosen:
             with tempfile.NamedTemporaryFile(suffix=".json") as out:
                 child = subprocess.run(
                     [sys.executable, "-X", "faulthandler", __file__, "--way", way,
                      "--steps", str(args.steps), "--batch", str(args.batch),
                      "--length", str(args.length), "--repeats", str(args.repeats),
-                     "--json", out.name],
+                     "--simulate", str(args.simulate), "--json", out.name],
                     env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                     timeout=args.child_timeout)
                 if child.returncode != 0:
@@ -207,30 +232,44 @@ def main(argv=None) -> int:
 
 
 def summarize(args, runs: dict, rounds: int) -> dict:
-    median = {way: statistics.median(r["tokens_per_second"] for r in runs[way]) for way in WAYS}
+    chosen = list(runs)
+    median = {way: statistics.median(r["tokens_per_second"] for r in runs[way]) for way in chosen}
     first = runs["magic_numpy"][-1]
-    result = {key: first[key] for key in ("replicas", "batch", "length", "steps", "machine",
-                                          "versions")}
+    result = {key: first.get(key) for key in ("replicas", "batch", "length", "steps", "machine",
+                                              "device", "versions", "nominal_tflops",
+                                              "flops_per_sample")}
+    achieved = {way: statistics.median(r["achieved_tflops"] for r in runs[way])
+                for way in chosen if all(r.get("achieved_tflops") for r in runs[way])}
     result.update(
         rounds=rounds, repeats=args.repeats, quick=args.quick, tokens_per_second=median,
-        all_rounds={way: [r["tokens_per_second"] for r in runs[way]] for way in WAYS},
-        peak_memory_mib={way: max(r["peak_memory_mib"] for r in runs[way]) for way in WAYS},
-        tfdata_vs_numpy=median["magic_tfdata"] / median["magic_numpy"],
-        grain_vs_numpy=median["magic_grain"] / median["magic_numpy"],
-        magic_vs_plain_keras=median["magic_numpy"] / median["plain_keras"])
-    print(f"\nbench_lora: KerasHub Gemma LoRA rank 4 on JAX, {result['replicas']} simulated "
-          f"devices, batch {result['batch']} of {result['length']} tokens, {result['steps']} "
+        all_rounds={way: [r["tokens_per_second"] for r in runs[way]] for way in chosen},
+        peak_memory_mib={way: max(r["peak_memory_mib"] for r in runs[way]) for way in chosen},
+        tfdata_vs_numpy=median["magic_tfdata"] / median["magic_numpy"]
+        if "magic_tfdata" in median else None,
+        grain_vs_numpy=median["magic_grain"] / median["magic_numpy"]
+        if "magic_grain" in median else None,
+        magic_vs_plain_keras=median["magic_numpy"] / median["plain_keras"],
+        achieved_tflops=achieved,
+        mfu={way: value / result["nominal_tflops"] for way, value in achieved.items()}
+        if result["nominal_tflops"] else {})
+    devices = (f"{result['replicas']} simulated devices" if args.simulate
+               else f"{result['replicas']} × {result['device']}")
+    print(f"\nbench_lora: KerasHub Gemma LoRA rank 4 on JAX, {devices}, batch {result['batch']} of {result['length']} tokens, {result['steps']} "
           f"steps, median of {rounds} rounds of the fastest of {args.repeats} fits, each way and "
           "round a process of its own")
     print(f"{'way':<14}{'tokens/s':>10}{'vs magic_numpy':>16}{'vs plain_keras':>16}"
           f"{'peak MiB':>10}")
-    for way in WAYS:
+    for way in chosen:
         print(f"{way:<14}{median[way]:>10,.0f}{median[way] / median['magic_numpy']:>16.3f}"
               f"{median[way] / median['plain_keras']:>16.3f}"
               f"{result['peak_memory_mib'][way]:>10,.0f}")
-    print(f"tfdata_vs_numpy {result['tfdata_vs_numpy']:.3f}   "
-          f"grain_vs_numpy {result['grain_vs_numpy']:.3f}   "
-          f"magic_vs_plain_keras {result['magic_vs_plain_keras']:.3f}")
+    ratios = [f"{name} {result[name]:.3f}" for name in
+              ("tfdata_vs_numpy", "grain_vs_numpy", "magic_vs_plain_keras")
+              if result[name] is not None]
+    print("   ".join(ratios))
+    if result["mfu"]:
+        print("MFU (the steady steps' TFLOP/s over the nominal peak): " + ", ".join(
+            f"{way} {value:.2%}" for way, value in result["mfu"].items()))
     return result
 
 

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The benchmarks' rows on a real accelerator (issue 33), Keras on JAX, in one short run:
+#
+#     OUT=DIR bash benchmarks/gpu_rows.sh [ROW ...]
+#
+# from the repository root, on a machine whose JAX sees a GPU or TPU (no TensorFlow needed).
+# ROWs (default: cnn lstm lora steps): cnn and lstm are bench_train.py (hand-written fit, the
+# magic, a raw jax.jit loop; samples/s, TFLOP/s against the measured peak, the nominal peak in
+# the JSON), cnn_auto the CNN under `--precision auto`, lora is bench_lora.py (tokens/s, MFU;
+# plain Keras, the magic on NumPy and on grain), steps is bench_steps.py (the MLP at K = 1, 8,
+# 32 against an on-device scan). Sizes suit a chip, not the 2-core CPU: 128 a replica and 64
+# steps a round, 2 rounds (`--quick`'s count) so every row fits a few minutes. Each row has its
+# own time limit, so one that hangs does not take the rest; each writes OUT/ROW.json.
+set -u
+OUT=${OUT:-bench_results/gpu}
+PY=${PY:-python3}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2
+
+row() {  # row NAME SECONDS SCRIPT ARGS...
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name ($(date -u +%H:%M:%S)): $*"
+    timeout "$limit" "$PY" "$@" --json "$OUT/$name.json" || echo "== $name: ended with $?"
+}
+
+rows=("$@")
+[ ${#rows[@]} -gt 0 ] || rows=(cnn lstm lora steps)
+for name in "${rows[@]}"; do
+    case $name in
+        cnn) row cnn 240 benchmarks/bench_train.py --backend jax --model cnn --quick \
+                 --per-replica 128 --steps 64 --attempts 1 ;;
+        cnn_auto) row cnn_auto 240 benchmarks/bench_train.py --backend jax --model cnn --quick \
+                      --per-replica 128 --steps 64 --attempts 1 --precision auto ;;
+        lstm) row lstm 240 benchmarks/bench_train.py --backend jax --model lstm --quick \
+                  --per-replica 128 --steps 64 --attempts 1 ;;
+        lora) row lora 300 benchmarks/bench_lora.py --simulate 0 \
+                  --ways plain_keras,magic_numpy,magic_grain --batch 32 --length 256 \
+                  --steps 32 --rounds 2 --repeats 2 ;;
+        steps) row steps 240 benchmarks/bench_steps.py --ks 1,8,32 --rounds 2 ;;
+        *) echo "gpu_rows: no row $name (cnn, cnn_auto, lstm, lora, steps)"; exit 2 ;;
+    esac
+done
