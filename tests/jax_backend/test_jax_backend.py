@@ -333,9 +333,10 @@ dense.compile("sgd", "sparse_categorical_crossentropy")
 
 def test_the_magics_batch_hooks_leave_the_steps_to_run_ahead_as_a_quiet_fit_does(ip):
     # Keras on JAX queues the next step while a step's logs are read on a worker thread,
-    # if every callback is async-safe (a plain `fit`, verbose=0). The magic's callbacks
-    # (bar, parity check, Stop) are: the hooks run off the main thread, and the parity
-    # check still compares the state right after the first step.
+    # if every callback is async-safe (a plain `fit`, verbose=0). The magic's bar and Stop
+    # are; the parity check is not, so the fit it watches (a cell's first; here one step an
+    # epoch, where Keras syncs the state and validates right after the step) runs its hooks
+    # on the main thread and agrees, and the cell's next fit runs them off it.
     ip.run_cell("""
 import threading
 class Where(keras.callbacks.Callback):
@@ -346,18 +347,24 @@ class Where(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         self.main.append(threading.current_thread() is threading.main_thread())
 keras.utils.set_random_seed(5)
-quiet = keras.Sequential([keras.Input((64,)), keras.layers.Dense(48, activation="relu"),
+quiet = keras.Sequential([keras.Input((64,)), keras.layers.BatchNormalization(),
+                          keras.layers.Dense(48, activation="relu"), keras.layers.Dropout(0.2),
                           keras.layers.Dense(10, activation="softmax")])
 quiet.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
-where = Where()
+checked, later = Where(), Where()
 """)
-    report = train(ip, "quiet.fit(x[:1024], y[:1024], batch_size=64, epochs=2, "
-                       "callbacks=[where])", "")
-    hooks = ip.user_ns["where"].main
-    assert len(hooks) == 32 and not any(hooks)
+    report = train(ip, """
+first = quiet.fit(x[:512], y[:512], batch_size=512, epochs=2,
+                  validation_data=(x[512:600], y[512:600]), callbacks=[checked])
+quiet.fit(x[:1024], y[:1024], batch_size=64, epochs=2,
+          validation_data=(x[1024:1100], y[1024:1100]), callbacks=[later])
+""", "")
+    assert ip.user_ns["checked"].main == [True, True]
     assert report.parity is not None and report.parity.agrees, report.parity
-    assert report.steps == 32
-    assert np.isfinite(report.metrics["loss"])
+    assert all(np.isfinite(ip.user_ns["first"].history[k]).all() for k in ("loss", "val_loss"))
+    hooks = ip.user_ns["later"].main
+    assert len(hooks) == 32 and not any(hooks) and report.steps == 32 and report.fits == 2
+    assert np.isfinite(report.metrics["val_loss"])
 
 
 def test_a_slow_input_is_called_input_bound_on_jax(ip):

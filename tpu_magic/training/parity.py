@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import inspect
 import math
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -327,12 +326,14 @@ class FirstStep(keras.callbacks.Callback):
 
     After fit, `outcome` is a `Parity` or `Skipped` (None: the first step never ended).
 
-    Async-safe: where Keras runs batch-end hooks on a worker thread (JAX), the hook after the
-    first execution reads the state after it while the next step waits for it in
-    `on_train_batch_begin`; every later step is left to run ahead of its hooks.
+    Not async-safe (Keras then runs every batch hook of the fit it checks on the main
+    thread): its hook after the first execution reads the model's state and sets Keras's
+    distribution aside for the one-device step, which must not overlap what Keras does
+    next on the main thread (the next step, or at an epoch of one execution, the state's
+    sync and the validation pass). It checks a cell's first fit on several replicas only.
     """
 
-    async_safe = True
+    async_safe = False
 
     def __init__(self, state: Callable[[Any], StepState],
                  first_batches: Callable[[int], list | None] | None,
@@ -350,19 +351,8 @@ class FirstStep(keras.callbacks.Callback):
         self._before: StepState | None = None
         self._done = False
         self.outcome: Parity | Skipped | None = None
-        self._ended = threading.Event()  # the first execution's batch-end hook has run
-        self._awaiting = False  # a batch begins only once that hook has run
-
-    def on_train_begin(self, logs=None):
-        self._awaiting = False
-
-    def on_epoch_end(self, epoch, logs=None):
-        self._awaiting = False  # Keras ran every batch hook of the epoch before this one
 
     def on_train_batch_begin(self, batch, logs=None):
-        if self._awaiting:
-            self._ended.wait()
-            self._awaiting = False
         if self._done or self._before is not None:
             return
         if self._random_draws and self._inference is None:
@@ -372,8 +362,6 @@ class FirstStep(keras.callbacks.Callback):
             self._skip("its input's first batch cannot be read again without changing what "
                        "Keras reads")
             return
-        self._ended.clear()
-        self._awaiting = True
         if self._random_draws:  # compared after the step, in inference mode
             self._before = _INFERENCE
             return
@@ -382,12 +370,6 @@ class FirstStep(keras.callbacks.Callback):
         self._copy_seconds = time.perf_counter() - start
 
     def on_train_batch_end(self, batch, logs=None):
-        try:
-            self._first_end(batch, logs)
-        finally:
-            self._ended.set()
-
-    def _first_end(self, batch, logs) -> None:
         if self._done or self._before is None:
             return
         self._done = True
