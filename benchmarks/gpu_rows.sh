@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # The benchmarks' rows on a real accelerator (issue 33), Keras on JAX, in one short run:
 #
-#     OUT=DIR bash benchmarks/gpu_rows.sh [ROW ...]
+#     OUT=DIR [QUICK=1] bash benchmarks/gpu_rows.sh [ROW ...]
 #
 # from the repository root, on a machine whose JAX sees a GPU or TPU (no TensorFlow needed).
 # ROWs (default: cnn lstm lora steps): cnn and lstm are bench_train.py (hand-written fit, the
 # magic, a raw jax.jit loop; samples/s, TFLOP/s against the measured peak, the nominal peak in
 # the JSON), cnn_auto the CNN under `--precision auto`, lora is bench_lora.py (tokens/s, MFU;
 # plain Keras, the magic on NumPy and on grain), steps is bench_steps.py (the MLP at K = 1, 8,
-# 32 against an on-device scan). Sizes suit a chip, not the 2-core CPU: 128 a replica and 64
-# steps a round, 2 rounds (`--quick`'s count) so every row fits a few minutes. Each row has its
-# own time limit, so one that hangs does not take the rest; each writes OUT/ROW.json.
+# 32 against an on-device scan). Sizes suit a chip, not the 2-core CPU: 128 a replica and 256
+# steps a round (an epoch of CIFAR-10 at batch 128 is 390), 3 rounds; QUICK=1 runs 2 rounds of
+# bench_train and 1 of the others, for a short lease. Each row has its own time limit, so one
+# that hangs does not take the rest; each writes OUT/ROW.json.
 set -u
 OUT=${OUT:-bench_results/gpu}
 PY=${PY:-python3}
@@ -24,20 +25,20 @@ row() {  # row NAME SECONDS SCRIPT ARGS...
     timeout "$limit" "$PY" "$@" --json "$OUT/$name.json" || echo "== $name: ended with $?"
 }
 
+if [ "${QUICK:-}" = 1 ]; then train_rounds=(--quick) rounds=1; else train_rounds=() rounds=2; fi
+train=(--per-replica 128 --steps 256 --attempts 1 "${train_rounds[@]}")
 rows=("$@")
 [ ${#rows[@]} -gt 0 ] || rows=(cnn lstm lora steps)
 for name in "${rows[@]}"; do
     case $name in
-        cnn) row cnn 240 benchmarks/bench_train.py --backend jax --model cnn --quick \
-                 --per-replica 128 --steps 64 --attempts 1 ;;
-        cnn_auto) row cnn_auto 240 benchmarks/bench_train.py --backend jax --model cnn --quick \
-                      --per-replica 128 --steps 64 --attempts 1 --precision auto ;;
-        lstm) row lstm 240 benchmarks/bench_train.py --backend jax --model lstm --quick \
-                  --per-replica 128 --steps 64 --attempts 1 ;;
+        cnn) row cnn 300 benchmarks/bench_train.py --backend jax --model cnn "${train[@]}" ;;
+        cnn_auto) row cnn_auto 300 benchmarks/bench_train.py --backend jax --model cnn \
+                      "${train[@]}" --precision auto ;;
+        lstm) row lstm 300 benchmarks/bench_train.py --backend jax --model lstm "${train[@]}" ;;
         lora) row lora 300 benchmarks/bench_lora.py --simulate 0 \
                   --ways plain_keras,magic_numpy,magic_grain --batch 32 --length 256 \
-                  --steps 32 --rounds 2 --repeats 2 ;;
-        steps) row steps 240 benchmarks/bench_steps.py --ks 1,8,32 --rounds 2 ;;
+                  --steps 32 --rounds "$rounds" --repeats 2 ;;
+        steps) row steps 240 benchmarks/bench_steps.py --ks 1,8,32 --rounds "$rounds" ;;
         *) echo "gpu_rows: no row $name (cnn, cnn_auto, lstm, lora, steps)"; exit 2 ;;
     esac
 done
