@@ -316,6 +316,27 @@ conv.fit(x.reshape(-1, 8, 8, 1), y, batch_size=128, epochs=2, verbose=0)
     assert 0 <= used.input_share <= 1 and "drawn on their own after fit" in used.input_how
 
 
+def test_a_later_cell_reuses_the_flops_counted_for_the_same_model(ip, monkeypatch):
+    # XLA's count lowers the model's gradient: once per model and shape, not once a cell
+    backend = type(tpu_magic.session().backend)
+    own, asked = backend.training_flops, []
+    monkeypatch.setattr(backend, "training_flops",
+                        lambda self, model: asked.append(model.name) or own(self, model))
+    fit = "{0}.fit(x[:512], y[:512], batch_size=128, epochs=1, verbose=0)"
+    build = """
+keras.utils.set_random_seed(4)
+{0} = keras.Sequential([keras.Input((64,)), keras.layers.Dense(24, activation="relu"),
+                        keras.layers.Dense(10, activation="softmax")], name="{0}")
+{0}.compile("sgd", "sparse_categorical_crossentropy")
+"""
+    first = train(ip, build.format("counted") + fit.format("counted")).utilization
+    again = train(ip, fit.format("counted")).utilization
+    assert asked == ["counted"] and again.flops_per_sample == first.flops_per_sample
+    assert again.source == first.source == "XLA cost analysis"
+    train(ip, build.format("rebuilt") + fit.format("rebuilt"))  # another model: counted
+    assert asked == ["counted", "rebuilt"]
+
+
 def test_a_later_fit_of_the_same_pipeline_reuses_the_input_measurement_on_jax(ip):
     fit = "dense.fit(x[:1024], y[:1024], batch_size={}, epochs=1, verbose=0)"
     first = train(ip, """

@@ -101,7 +101,8 @@ def start_training(connection: Connection, workspace: Workspace,
                            scale_lr=scale_lr, progress=False)
     training = TrainingCell(connection, request, namespace, say=lambda _text: None, view=view,
                             agreed=frozenset(workspace.agreed),
-                            inputs_measured=dict(workspace.inputs_measured))
+                            inputs_measured=dict(workspace.inputs_measured),
+                            flops_counted=dict(workspace.flops_counted))
     last = workspace.last_fit
     job = TrainJob(lambda stop: training.run(FitAgain(last, stop)), on_done)
     workspace.job = job

@@ -309,6 +309,7 @@ class TpuMagics(Magics, Configurable):
         return TrainingCell(connection, request, self.shell.user_ns, bar=_progress_bar(),
                             view=workspace.panel, agreed=frozenset(workspace.agreed),
                             inputs_measured=dict(workspace.inputs_measured),
+                            flops_counted=dict(workspace.flops_counted),
                             watch=_call_watch())
 
     def _connected(self):

@@ -40,6 +40,8 @@ class Workspace:
     # a batch's input seconds of tpu_magic's own pipelines, by key (`utilization.input_need`),
     # for this connection
     inputs_measured: dict = field(default_factory=dict)
+    # training FLOPs of a sample by `utilization.flops_key`, for this connection
+    flops_counted: dict = field(default_factory=dict)
 
     @property
     def busy(self) -> bool:
@@ -61,7 +63,7 @@ class Workspace:
         if connection is not self.connection:
             self.panel = self.last_model = self.last_model_name = self.last_fit = self.job = None
             self.check = None
-            self.inputs_measured = {}
+            self.inputs_measured, self.flops_counted = {}, {}
             self.connection = connection
 
     def trained(self, model: Any, name: str | None, fit: Any) -> None:
@@ -72,6 +74,7 @@ class Workspace:
         """A `%%tpu_train` cell ended (or failed): its report, its last `fit` and model, and
         the panel told what Train would repeat (`training`: the cell's `TrainingCell`)."""
         self.reported(training.report)
+        self.flops_counted.update(training.flops.found)
         if training.last_fit is not None:
             self.trained(training.last_model, training.report.model_name, training.last_fit)
         if self.panel is not None and self.last_model is not None:

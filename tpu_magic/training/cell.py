@@ -99,6 +99,8 @@ class TrainingCell:
             (`parity.setup_key`): not compared again.
         inputs_measured: a batch's input seconds measured on earlier fits of tpu_magic's
             own pipelines, by key (`Inputs.measurable_key`): not drawn again.
+        flops_counted: training FLOPs of a sample counted in earlier cells, by
+            `utilization.flops_key`: not counted again.
 
     The cell goes one way: the request, the placement (`placement.place`, settled again
     before a fit's first step), the run (each Keras call a step of its own, whose outcome is
@@ -112,6 +114,7 @@ class TrainingCell:
                  bar: Any = None, view: TrainingView | None = None,
                  agreed: frozenset = frozenset(),
                  inputs_measured: Mapping[str, float] | None = None,
+                 flops_counted: Mapping[str, Any] | None = None,
                  watch: Callable[[str], ContextManager[Any]] | None = None):
         self.request = request
         self.code = ""  # run's cell: the classes it names lay out a mesh (`layout_owners`)
@@ -131,7 +134,7 @@ class TrainingCell:
         self.stop_event: threading.Event | None = None  # set: stop at the next batch
         self.inputs = self._inputs()
         self.checkpoints: checkpoints.CellCheckpoints | None = None  # --checkpoint
-        self.flops = utilization.FlopCounts(connection.backend)
+        self.flops = utilization.FlopCounts(connection.backend, flops_counted)
         self.verified = False  # the cell's first fit ran the parity check (or skipped it)
         self.agreed = agreed
         # a batch's input seconds of tpu_magic's own pipelines, by key, from earlier fits of

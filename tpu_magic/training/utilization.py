@@ -186,21 +186,39 @@ def of_fit(connection: Any, counted: tuple[float, str] | None, samples_per_secon
 
 
 class FlopCounts:
-    """Training FLOPs of one sample per model, asked of the backend once per cell."""
+    """Training FLOPs of one sample per model, asked of the backend once per model and
+    shape (XLA's count lowers the model's gradient: 0.05 s for the seeds' CNN, far more for
+    a language model), also across cells: `known` holds the counts of earlier cells by
+    `flops_key`, and `found` what this one counted."""
 
-    def __init__(self, backend: Any):
+    def __init__(self, backend: Any, known: Mapping[str, tuple[float, str] | None] | None = None):
         self.backend = backend
-        self._found: dict[int, tuple[float, str] | None] = {}  # id(model) → (FLOPs, source)
+        self.found: dict[str, tuple[float, str] | None] = dict(known or {})
 
     def counted(self, model: Any) -> tuple[float, str] | None:
         """(FLOPs, where the count comes from), None where it cannot be told."""
-        if id(model) not in self._found:
-            self._found[id(model)] = self.backend.training_flops(model)
-        return self._found[id(model)]
+        key = flops_key(model)
+        if key not in self.found:
+            self.found[key] = self.backend.training_flops(model)
+        return self.found[key]
 
     def per_sample(self, model: Any) -> float | None:
         counted = self.counted(model)
         return None if counted is None else counted[0]
+
+
+def flops_key(model: Any) -> str:
+    """What a sample's FLOPs depend on: the model object, the variables it computes with
+    (each by identity, path, shape and dtype: a layer swapped or built again changes it),
+    its inputs' shapes and its dtype policy."""
+    import hashlib
+
+    variables = [(id(v), v.path, tuple(v.shape), str(v.dtype))
+                 for v in list(model.trainable_variables) + list(model.non_trainable_variables)]
+    inputs = [tuple(getattr(t, "shape", ())) for t in (getattr(model, "inputs", None) or [])]
+    policy = str(getattr(getattr(model, "dtype_policy", None), "name", ""))
+    text = repr((id(model), type(model).__qualname__, variables, inputs, policy))
+    return hashlib.sha1(text.encode()).hexdigest()
 
 
 def tokens_per_sample(x: Any) -> float | None:
