@@ -11,6 +11,7 @@ from typing import Any, Callable, Iterator
 
 from tpu_magic.backends.jax import step_types
 from tpu_magic.core.deps import require_jax
+from tpu_magic.core.overrides import overridden
 from tpu_magic.core.session import Connection
 
 
@@ -42,16 +43,11 @@ def _outputs_gathered(model: Any, distribution: Any) -> Iterator[None]:
         return jax.tree_util.tree_map(
             lambda out: jax.lax.with_sharding_constraint(out, everywhere), outputs), rest
 
-    before = model.__dict__.get("predict_step")
-    object.__setattr__(model, "predict_step", predict_step)
     model.predict_function = None
     try:
-        yield
+        with overridden(model, "predict_step", predict_step):
+            yield
     finally:
-        if before is None:
-            model.__dict__.pop("predict_step", None)
-        else:
-            object.__setattr__(model, "predict_step", before)
         model.predict_function = None
 
 

@@ -20,48 +20,34 @@ type is, so the step Keras compiled for its outputs serves from the first step o
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Iterator
+from typing import Any, ContextManager
 
 from tpu_magic.core.deps import require_jax
+from tpu_magic.core.overrides import overridden
 from tpu_magic.core.steps import state_groups
 
 
-@contextlib.contextmanager
-def one_program(model: Any) -> Iterator[None]:
+def one_program(model: Any) -> ContextManager[None]:
     """While tpu_magic runs the model's calls: its state is laid out on the mesh each time
     Keras resets its metrics (see the module's docstring)."""
-    before = model.__dict__.get("reset_metrics")
     reset = model.reset_metrics
 
     def reset_metrics() -> None:
         reset()
         on_the_mesh(model)
 
-    object.__setattr__(model, "reset_metrics", reset_metrics)
-    try:
-        yield
-    finally:
-        if before is None:
-            model.__dict__.pop("reset_metrics", None)
-        else:
-            object.__setattr__(model, "reset_metrics", before)
+    return overridden(model, "reset_metrics", reset_metrics)
 
 
-def on_the_mesh(model: Any) -> int:
-    """Puts every state value whose type lacks its variable's mesh on the variable's layout;
-    returns how many it put."""
+def on_the_mesh(model: Any) -> None:
+    """Puts every state value whose type lacks its variable's mesh on the variable's layout."""
     jax = require_jax()
-    put = 0
     for group in state_groups(model):
         for variable in group:
             layout = getattr(variable, "_layout", None)
             sharding = getattr(layout, "backend_layout", layout)
             value = getattr(variable, "_value", None)
-            if not isinstance(sharding, jax.sharding.NamedSharding) or \
-                    not isinstance(value, jax.Array) or not value.is_fully_addressable or \
-                    not jax.typeof(value).sharding.mesh.empty:
-                continue
-            variable._value = jax.device_put(value, sharding)
-            put += 1
-    return put
+            if isinstance(sharding, jax.sharding.NamedSharding) and \
+                    isinstance(value, jax.Array) and value.is_fully_addressable and \
+                    jax.typeof(value).sharding.mesh.empty:
+                variable._value = jax.device_put(value, sharding)
