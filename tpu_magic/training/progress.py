@@ -127,6 +127,8 @@ class FitProgress(keras.callbacks.Callback):
             them (a dataset; KerasHub tasks make one of NumPy inputs); None: not tokens.
     """
 
+    async_safe = True  # Keras (JAX) may run the batch hooks on worker threads
+
     def __init__(self, timing: FitTiming, bar: Callable[..., Any] | None = None,
                  min_interval: float = 0.2, view: TrainingView | None = None,
                  batch_of: Callable[[], int] | None = None,
@@ -141,8 +143,6 @@ class FitProgress(keras.callbacks.Callback):
         self.epoch_bar = None
         self.batch_bar = None
         self._lock = threading.Lock()
-
-    async_safe = True  # Keras (JAX) may run the batch hooks on worker threads
 
     def on_train_begin(self, logs=None):
         self.timing.steps_per_epoch = self.params.get("steps") or 0

@@ -9,6 +9,7 @@ against every replica's nominal peak (`chips`) and, where `--check` ran, its mea
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
@@ -211,8 +212,6 @@ def flops_key(model: Any) -> str:
     """What a sample's FLOPs depend on: the model object, the variables it computes with
     (each by identity, path, shape and dtype: a layer swapped or built again changes it),
     its inputs' shapes and its dtype policy."""
-    import hashlib
-
     variables = [(id(v), v.path, tuple(v.shape), str(v.dtype))
                  for v in list(model.trainable_variables) + list(model.non_trainable_variables)]
     inputs = [tuple(getattr(t, "shape", ())) for t in (getattr(model, "inputs", None) or [])]
