@@ -1,23 +1,18 @@
 """JAX's persistent compilation cache: two processes sharing one (the pure rules are in
 tests/unit/test_compile_cache.py)."""
 
-import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from support.jax_process import blocked_env, require_jax
 
 HERE = Path(__file__).parent
 
 
 def _run(out: Path, cache: Path) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(HERE / "without_tensorflow"),
-               TPU_MAGIC_COMPILE_CACHE=str(cache))
-    env.pop("KERAS_BACKEND", None)
-    env.pop("XLA_FLAGS", None)
+    env = blocked_env(TPU_MAGIC_COMPILE_CACHE=str(cache))
     run = subprocess.run([sys.executable, str(HERE / "compile_cache_run.py"), str(out)],
                          env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -25,10 +20,7 @@ def _run(out: Path, cache: Path) -> dict:
 
 
 def test_a_second_process_loads_the_compiled_programs_from_the_cache(tmp_path):
-    if importlib.util.find_spec("jax") is None:
-        if os.environ.get("TPU_MAGIC_JAX") == "required":
-            pytest.fail("TPU_MAGIC_JAX=required but jax is not installed: pip install -e '.[jax]'")
-        pytest.skip("jax is not installed (pip install -e '.[jax]')")
+    require_jax()
     cache = tmp_path / "cache"
     first = _run(tmp_path / "first.json", cache)
     second = _run(tmp_path / "second.json", cache)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from support.jax_process import blocked_env, require_jax
 from tpu_magic.backends.jax.connect import (COLLECTIVE_WAIT, COLLECTIVE_WAIT_SECONDS,
                                             host_device_flags)
 
@@ -69,16 +70,9 @@ def compile_cache(tmp_path_factory):
 @pytest.mark.timeout(2400)
 @pytest.mark.parametrize("part", sorted(JAX_SUITE_PARTS))
 def test_the_jax_suite_passes_in_its_own_process(compile_cache, part):
-    if importlib.util.find_spec("jax") is None:
-        if os.environ.get("TPU_MAGIC_JAX") == "required":
-            pytest.fail("TPU_MAGIC_JAX=required but jax is not installed: pip install -e '.[jax]'")
-        pytest.skip("jax is not installed (pip install -e '.[jax]')")
+    require_jax()
     # No backend named: with TensorFlow blocked there, `auto` must choose JAX by itself.
-    env = dict(os.environ)
-    env.pop("KERAS_BACKEND", None)
-    env.pop("XLA_FLAGS", None)
-    env["PYTHONPATH"] = str(HERE / "without_tensorflow")  # TensorFlow blocked
-    env["TPU_MAGIC_COMPILE_CACHE"] = str(compile_cache)
+    env = blocked_env(TPU_MAGIC_COMPILE_CACHE=str(compile_cache))
     try:
         run = subprocess.run(
             [sys.executable, "-m", "pytest", "-v", *JAX_SUITE_PARTS[part],
@@ -97,8 +91,7 @@ def test_import_keras_before_connect_runs_on_jax_where_tensorflow_cannot_be_impo
     # Keras (it defaults to TensorFlow); %load_ext now makes JAX the default there, and says so
     if importlib.util.find_spec("jax") is None:
         pytest.skip("jax is not installed (pip install -e '.[jax]')")
-    env = {k: v for k, v in os.environ.items() if k not in ("KERAS_BACKEND", "XLA_FLAGS")}
-    env.update(PYTHONPATH=str(HERE / "without_tensorflow"), KERAS_HOME=str(tmp_path))
+    env = blocked_env(KERAS_HOME=str(tmp_path))
     script = (
         "from IPython.core.interactiveshell import InteractiveShell\n"
         "ip = InteractiveShell.instance()\n"

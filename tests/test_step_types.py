@@ -3,25 +3,21 @@ first compiled, with plain Keras's losses on the one device (`backends/jax/step_
 Each way runs in a process of its own (tests/one_device_run.py): this one's Keras is on
 TensorFlow, and a process has one device split."""
 
-import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
+
+from support.jax_process import blocked_env, require_jax
 
 HERE = Path(__file__).parent
 
 
 def _run(way: str, tmp_path: Path) -> dict:
     out = tmp_path / f"{way}.json"
-    env = dict(os.environ, PYTHONPATH=str(HERE / "without_tensorflow"),
-               TPU_MAGIC_COMPILE_CACHE=str(tmp_path / f"cache-{way}"))
-    env.pop("KERAS_BACKEND", None)
-    env.pop("XLA_FLAGS", None)
+    env = blocked_env(TPU_MAGIC_COMPILE_CACHE=str(tmp_path / f"cache-{way}"))
     run = subprocess.run([sys.executable, str(HERE / "one_device_run.py"), str(out),
                           "--way", way], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -29,10 +25,7 @@ def _run(way: str, tmp_path: Path) -> dict:
 
 
 def test_a_later_fit_on_one_device_compiles_nothing_and_matches_plain_keras(tmp_path):
-    if importlib.util.find_spec("jax") is None:
-        if os.environ.get("TPU_MAGIC_JAX") == "required":
-            pytest.fail("TPU_MAGIC_JAX=required but jax is not installed: pip install -e '.[jax]'")
-        pytest.skip("jax is not installed (pip install -e '.[jax]')")
+    require_jax()
     magic, plain = _run("magic", tmp_path), _run("plain", tmp_path)
     assert magic["devices"] == plain["devices"] == 1 and not magic["tensorflow_imported"]
     # Keras under DataParallel on one device compiles its step twice in the first fit and

@@ -5,6 +5,7 @@ with plain Keras on one device.
 - `support.data`: the data cells (sklearn's digits, as rows and as images).
 - `support.cells`: the models and notebook cells (each defined once), and `train`.
 - `support.same`: "the same as plain Keras on one device", the one comparison.
+- `support.jax_process`: a JAX process of its own with TensorFlow blocked (`*_run.py`).
 
 Found as `support` because tests/ is on sys.path: pytest puts it there for tests/conftest.py,
 tests/jax_backend/conftest.py puts it there for its own process, and the `*_run.py` scripts
