@@ -167,3 +167,31 @@ history = model.fit(x, y, batch_size=64, epochs=1, verbose=0)
     assert sorted(without) == sorted(with_check)
     for key, values in with_check.items():
         assert without[key] == pytest.approx(values, rel=1e-6), key
+
+
+def test_a_setup_that_agreed_is_told_before_the_fit_and_its_batches_are_not_read(
+        sim8, monkeypatch):
+    # The training step's comparison (Dense) and the inference-mode one (Dropout: each
+    # replica draws its own numbers): a cell run again with the same model, batch and
+    # devices is known agreed from its batches' shapes before its fit, reading nothing.
+    from tpu_magic.backends.tf import data
+
+    reads = []
+    first = data._first
+    monkeypatch.setattr(data, "_first", lambda *a: reads.append(a[2]) or first(*a))
+    for middle in ("", "keras.layers.Dropout(0.3), "):
+        cell = ROWS + f"""
+model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                          {middle}keras.layers.Dense(4, activation="softmax")])
+model.compile(keras.optimizers.Adam(0.01), "sparse_categorical_crossentropy")
+model.fit(x, y, batch_size=64, verbose=0)
+"""
+        reads.clear()
+        checked = train(sim8, cell)
+        assert isinstance(checked.parity, parity_module.Parity) and checked.parity.agrees
+        assert checked.parity.inference == bool(middle) and reads == [1]
+        reads.clear()
+        again = train(sim8, cell)
+        assert isinstance(again.parity, parity_module.Skipped), again.parity
+        assert again.parity.why == parity_module.AGREED and reads == []
+        assert again.parity.setup == checked.parity.setup

@@ -386,6 +386,16 @@ quiet.fit(x[:1024], y[:1024], batch_size=64, epochs=2,
     hooks = ip.user_ns["later"].main
     assert len(hooks) == 32 and not any(hooks) and report.steps == 32 and report.fits == 2
     assert np.isfinite(report.metrics["val_loss"])
+    # The first fit again in a new cell: its setup agreed above, which the check tells
+    # before the fit from its batches' shapes, so it leaves that fit's hooks to Keras's
+    # worker threads too.
+    ip.run_cell("again = Where()")
+    report = train(ip, """
+quiet.fit(x[:512], y[:512], batch_size=512, epochs=2,
+          validation_data=(x[512:600], y[512:600]), callbacks=[again])
+""", "")
+    assert "agreed with one device earlier in this notebook" in report.parity.line()
+    assert ip.user_ns["again"].main == [False, False]
 
 
 def test_a_slow_input_is_called_input_bound_on_jax(ip):

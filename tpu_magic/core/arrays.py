@@ -25,6 +25,16 @@ class Pipeline:
     # the first `k` batches of the first epoch, as NumPy, fed as the dataset feeds them
     # (None: they cannot be read again): the first-step parity check's batches
     first: Callable[[int], list] | None = None
+    # the first `k` batches' `batch_shapes`, known before the fit reads anything (None:
+    # not known without reading): the parity check decides a setup agreed before the fit
+    shapes: Callable[[int], list] | None = None
+
+
+def batch_shapes(batch: Any) -> tuple:
+    """What a batch looks like: (path, shape, dtype name) of each array, in `keras.tree`'s
+    order. Two batches with the same are the same computation's input."""
+    return tuple((path, tuple(np.shape(a)), str(np.asarray(a).dtype))
+                 for path, a in keras.tree.flatten_with_path(batch))
 
 
 def is_array_input(x: Any) -> bool:

@@ -361,10 +361,13 @@ class TrainingCell:
                 return ours, backend.one_device_inference(m, real, self._one_device_copy(m))
 
         where = f"{connection.strategy_name} {connection.replicas} {self.mesh} {connection.target}"
+        shapes = self.inputs.first_shapes
         return parity.FirstStep(backend.step_state, self.inputs.first_batches, reference,
                                 parity.LOW_PRECISION_TOLERANCE if low else parity.TOLERANCE,
                                 likely, draws, where, self.agreed, inference,
-                                backend.step_logs)
+                                backend.step_logs,
+                                setup_before=parity.setup_before(model, shapes, where, draws)
+                                if shapes is not None and self.agreed else None)
 
     def _one_device_copy(self, model: Any) -> Callable[[], Any]:
         """Makes a copy of `model` for one device, compiled as it is (plain Keras's code: the

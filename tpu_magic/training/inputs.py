@@ -39,6 +39,8 @@ class Inputs:
         self.data = connection.backend.inputs()
         # the last fit's first batches as fed (see `arrays.Pipeline.first`); None: not known
         self.first_batches: Callable[[int], list] | None = None
+        # their shapes, known before the fit reads anything (`arrays.Pipeline.shapes`)
+        self.first_shapes: Callable[[int], list] | None = None
         # what the last fit's input share can be measured on: tpu_magic's own pipeline (drawn
         # again), a user's input that timed its own reads, else None (drawing a user's dataset
         # again would change the order its next pass reads)
@@ -87,6 +89,7 @@ class Inputs:
                 strategy=self.connection.strategy, remainder=remainder)
             self._count("fit", train)
             self.first_batches, self.measurable = train.first, train.dataset
+            self.first_shapes = train.shapes
             self.measurable_key = repr((
                 type(train.dataset).__name__, arrays.rows_spec((x, y, weights)), train.samples,
                 batch, self.connection.replicas, bool(call.get("shuffle", True)), endless))
@@ -102,10 +105,12 @@ class Inputs:
                 call["class_weight"] = None
             batch = batch or given_batch_size(call["x"])
             self.first_batches, self.measurable_key = getattr(call["x"], "first", None), None
+            self.first_shapes = None
             self.measurable = (call["x"] if hasattr(call["x"], "read_seconds")
                                or drawn_alike(x) else None)
         else:
-            self.first_batches = self.measurable = self.measurable_key = None
+            self.first_batches = self.first_shapes = self.measurable = None
+            self.measurable_key = None
         self._validation(model, call, plan)
         return batch
 

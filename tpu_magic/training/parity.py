@@ -27,6 +27,7 @@ from typing import Any, Callable
 import keras
 import numpy as np
 
+from tpu_magic.core.arrays import batch_shapes
 from tpu_magic.core.packed import MASK, WEIGHT, is_packed
 from tpu_magic.core.steps import StepState, update_of
 
@@ -259,11 +260,12 @@ def likely_cause(replicas: int, per_replica_norms: list[str], batch_losses: list
     return likely
 
 
-def setup_key(model: Any, batches: list, where: str) -> str:
+def setup_key(model: Any, shapes: list, where: str) -> str:
     """What makes two first steps the same computation: the model's layers (their classes,
     the source of a notebook's own), variables, dtype policies and compile settings, the
-    batches' shapes and dtypes, and the devices (`where`). Weight values are not part of it:
-    an unseeded model rebuilt by the same cell is the same setup."""
+    batches' shapes and dtypes (`shapes`: `arrays.batch_shapes` of each), and the devices
+    (`where`). Weight values are not part of it: an unseeded model rebuilt by the same cell
+    is the same setup."""
     layers = [(_class_key(type(layer)), layer.trainable, str(getattr(layer, "dtype_policy", "")))
               for layer in model._flatten_layers()]
     # by place, not path: Keras numbers the names of a model built again (dense_1, dense_2)
@@ -275,9 +277,7 @@ def setup_key(model: Any, batches: list, where: str) -> str:
                                                  if optimizer is not None else ())
                        if k != "name"),
                 [getattr(m, "name", repr(m)) for m in getattr(model, "metrics", [])])
-    shapes = [keras.tree.map_structure(lambda a: (tuple(np.shape(a)), str(np.asarray(a).dtype)),
-                                       batch) for batch in batches]
-    text = repr((layers, variables, compiled, shapes, where, _class_key(type(model))))
+    text = repr((layers, variables, compiled, list(shapes), where, _class_key(type(model))))
     return hashlib.sha1(text.encode()).hexdigest()
 
 
@@ -323,14 +323,21 @@ class FirstStep(keras.callbacks.Callback):
             `distributed_inference` and `one_device_inference`).
         where: the devices the model trains on, for `setup_key`.
         agreed: setups compared earlier in this notebook that agreed: not compared again.
+        setup_before: the `setup_key` the first execution will have, told before the fit
+            from its batches' shapes (`setup_before`; None: not known before the fit reads).
 
     After fit, `outcome` is a `Parity` or `Skipped` (None: the first step never ended).
+    Where the outcome is known before the fit (a setup agreed earlier, a first batch that
+    cannot be read again, random draws with nothing to compare in inference mode) it is
+    set at once, and the callback does nothing.
 
-    Not async-safe (Keras then runs every batch hook of the fit it checks on the main
-    thread): its hook after the first execution reads the model's state and sets Keras's
-    distribution aside for the one-device step, which must not overlap what Keras does
-    next on the main thread (the next step, or at an epoch of one execution, the state's
-    sync and the validation pass). It checks a cell's first fit on several replicas only.
+    Not async-safe otherwise (Keras then runs every batch hook of the fit it checks on the
+    main thread): its hook after the first execution reads the model's state and sets
+    Keras's distribution aside for the one-device step, which must not overlap what Keras
+    does next on the main thread (the next step, or at an epoch of one execution, the
+    state's sync and the validation pass). It checks a cell's first fit on several
+    replicas only. Settled before the fit, it is async-safe: it leaves Keras's worker
+    threads to a fit that compares nothing (on JAX, a cell run again on agreed setups).
     """
 
     async_safe = False
@@ -342,7 +349,8 @@ class FirstStep(keras.callbacks.Callback):
                  random_draws: str | None = None, where: str = "",
                  agreed: frozenset = frozenset(),
                  inference: Callable[[Any, Any, Any], tuple[dict, dict] | None] | None = None,
-                 step_logs: Callable[[Any, dict], dict] = lambda model, logs: dict(logs or {})):
+                 step_logs: Callable[[Any, dict], dict] = lambda model, logs: dict(logs or {}),
+                 setup_before: str | None = None):
         super().__init__()
         self._inference, self._step_logs = inference, step_logs
         self._state, self._first_batches, self._reference = state, first_batches, reference
@@ -351,16 +359,18 @@ class FirstStep(keras.callbacks.Callback):
         self._before: StepState | None = None
         self._done = False
         self.outcome: Parity | Skipped | None = None
+        if random_draws and inference is None:
+            self._skip(random_draws)
+        elif first_batches is None:
+            self._skip("its input's first batch cannot be read again without changing what "
+                       "Keras reads")
+        elif setup_before is not None and setup_before in agreed:
+            self._skip(AGREED, setup_before)
+        if self._done:
+            self.async_safe = True  # nothing to do: Keras may run the hooks where it likes
 
     def on_train_batch_begin(self, batch, logs=None):
         if self._done or self._before is not None:
-            return
-        if self._random_draws and self._inference is None:
-            self._skip(self._random_draws)
-            return
-        if self._first_batches is None:
-            self._skip("its input's first batch cannot be read again without changing what "
-                       "Keras reads")
             return
         if self._random_draws:  # compared after the step, in inference mode
             self._before = _INFERENCE
@@ -382,10 +392,9 @@ class FirstStep(keras.callbacks.Callback):
         if not batches or len(batches) < steps:
             self._skip("its first batches were not kept")
             return
-        setup = setup_key(self.model, batches, self._where)
+        setup = setup_key(self.model, [batch_shapes(b) for b in batches], self._where)
         if setup in self._agreed:
-            self._skip("the same model, batch and devices agreed with one device earlier "
-                       "in this notebook", setup)
+            self._skip(AGREED, setup)
             return
         fed = [real_rows(b) for b in batches]
         if any(padded for _, padded in fed) and self._random_draws is None and \
@@ -421,10 +430,9 @@ class FirstStep(keras.callbacks.Callback):
         if not batches:
             self._skip("its first batch was not kept")
             return
-        setup = setup_key(self.model, batches[:1], self._where + " inference")
+        setup = setup_key(self.model, [batch_shapes(batches[0])], self._where + INFERENCE)
         if setup in self._agreed:
-            self._skip("the same model, batch and devices agreed with one device earlier "
-                       "in this notebook", setup)
+            self._skip(AGREED, setup)
             return
         real, padded = real_rows(batches[0])
         try:
@@ -450,6 +458,19 @@ class FirstStep(keras.callbacks.Callback):
 
 
 _INFERENCE = object()  # `_before` where the first batch is compared in inference mode
+INFERENCE = " inference"  # `where`'s suffix in the setup of an inference-mode comparison
+AGREED = "the same model, batch and devices agreed with one device earlier in this notebook"
+
+
+def setup_before(model: Any, shapes: Callable[[int], list], where: str,
+                 random_draws: str | None) -> str:
+    """The `setup_key` a fit's first execution will have, told before the fit from the
+    shapes of its first batches (`arrays.Pipeline.shapes`): an inference-mode comparison's
+    (the replicas draw random numbers) from the first batch, a training step's from the
+    first execution's `steps_per_execution` batches, as `FirstStep` reads them after it."""
+    if random_draws:
+        return setup_key(model, shapes(1), where + INFERENCE)
+    return setup_key(model, shapes(model.steps_per_execution), where)
 
 
 def _pythonic(logs: Any) -> dict:

@@ -15,7 +15,7 @@ from typing import Any, Callable
 import keras
 import numpy as np
 
-from tpu_magic.core.arrays import Pipeline, new_seed, num_samples
+from tpu_magic.core.arrays import Pipeline, batch_shapes, new_seed, num_samples
 from tpu_magic.core.batching import steps_for
 from tpu_magic.core.errors import BatchSizeError
 from tpu_magic.core.packed import MASK, REAL, WEIGHT
@@ -108,8 +108,12 @@ def train_pipeline(x: Any, y: Any, sample_weight: Any, batch: int, shuffle: bool
     data = PaddedBatches(x, y, sample_weight, batch=batch, shuffle=shuffle,
                          seed=new_seed() if seed is None else seed, first_epoch=first_epoch,
                          remainder=remainder, split=row_split(strategy))
+    def first(k: int) -> list:
+        return [data[i] for i in range(min(k, data.steps))]
+
+    # a batch is a gather from the arrays: reading the first ones to tell their shapes is cheap
     return Pipeline(data, data.steps, data.samples, data.pad, left_out=data.left_out,
-                    first=lambda k: [data[i] for i in range(min(k, data.steps))])
+                    first=first, shapes=lambda k: [batch_shapes(b) for b in first(k)])
 
 
 def eval_pipeline(x: Any, y: Any, sample_weight: Any, batch: int, strategy: Any = None,

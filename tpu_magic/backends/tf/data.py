@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
+import keras
 import tensorflow as tf
 
 from tpu_magic.core.arrays import Pipeline, new_seed, num_samples
@@ -98,9 +99,11 @@ def _traced_as_is(function: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _distributed(indices: tf.data.Dataset, load: Callable[..., Any], batch: int,
-                 strategy: Any) -> Any:
+                 strategy: Any) -> tuple[Any, Any]:
     """Under a MirroredStrategy with several replicas: one pipeline per replica, each loading
     its own rows of every global batch; otherwise the plain dataset (Keras distributes it).
+    Returns the dataset and `arrays.batch_shapes` of one global batch (None where a shape
+    is not static), told from the pipelines' element spec, without reading.
 
     `load(index, keep)` maps a global batch of indices to data, gathering only the rows
     `keep` cuts from it: a replica's pipeline reads 1/R of the data. Gathering the whole
@@ -115,9 +118,27 @@ def _distributed(indices: tf.data.Dataset, load: Callable[..., Any], batch: int,
     such wait, and their steps were faster too (16.6 s against 24 s an epoch).
     """
     if not _splits_per_replica(strategy):
-        return _loaded(indices, lambda index: load(index, _whole))
-    return _split_over_replicas(lambda keep: _loaded(indices, lambda index: load(index, keep)),
-                                batch, strategy)
+        dataset = _loaded(indices, lambda index: load(index, _whole))
+        return dataset, _shapes(dataset.element_spec, batch)
+    specs = []
+
+    def replica(keep: Callable[[Any], Any]) -> tf.data.Dataset:
+        dataset = _loaded(indices, lambda index: load(index, keep))
+        specs.append(dataset.element_spec)
+        return dataset
+
+    dataset = _split_over_replicas(replica, batch, strategy)
+    # a replica's rows of every array of the global batch: the same but the first dimension
+    return dataset, _shapes(specs[0], batch)
+
+
+def _shapes(spec: Any, batch: int) -> tuple | None:
+    """`arrays.batch_shapes` of a global batch whose arrays have `spec` but for their first
+    dimension, `batch`; None where another dimension is not static."""
+    flat = keras.tree.flatten_with_path(spec)
+    if not all(s.shape.rank and None not in s.shape.as_list()[1:] for _, s in flat):
+        return None
+    return tuple((path, (batch, *s.shape.as_list()[1:]), s.dtype.name) for path, s in flat)
 
 
 def _splits_per_replica(strategy: Any) -> bool:
@@ -216,8 +237,10 @@ def train_pipeline(x: Any, y: Any, sample_weight: Any, batch: int, shuffle: bool
     # Each epoch's order follows from (seed, epoch) alone, except a reshuffle of one pass
     # per epoch, whose next order cannot be read again.
     first = None if shuffle and not repeat else (lambda k: _first(indices, load, k))
-    return Pipeline(_distributed(indices, load, batch, strategy), steps, samples, pad,
-                    left_out=samples - steps * batch if _drops(remainder) else 0, first=first)
+    dataset, one = _distributed(indices, load, batch, strategy)
+    return Pipeline(dataset, steps, samples, pad,
+                    left_out=samples - steps * batch if _drops(remainder) else 0, first=first,
+                    shapes=None if one is None else lambda k: [one] * min(k, steps))
 
 
 def _first(indices: tf.data.Dataset, load: Callable[[tf.Tensor], Any], k: int) -> list:
@@ -233,7 +256,7 @@ def eval_pipeline(x: Any, y: Any, sample_weight: Any, batch: int, strategy: Any 
     indices, steps, pad = _index_batches(samples, batch, shuffle=False, repeat=False,
                                          drop=_drops(remainder))
     load = _labelled_loader(x, y, sample_weight, pad)
-    return Pipeline(_distributed(indices, load, batch, strategy), steps, samples, pad,
+    return Pipeline(_distributed(indices, load, batch, strategy)[0], steps, samples, pad,
                     left_out=samples - steps * batch if _drops(remainder) else 0)
 
 
@@ -251,7 +274,7 @@ def predict_pipeline(x: Any, batch: int, strategy: Any = None,
     indices, steps, pad = _index_batches(samples, batch, shuffle=False, repeat=False)
     data = _constants(x)
     return Pipeline(_distributed(indices, lambda i, keep: (_gather(data, tf.maximum(keep(i), 0)),),
-                                 batch, strategy), steps, samples, pad)
+                                 batch, strategy)[0], steps, samples, pad)
 
 
 def whole_batches(dataset: Any, batch: int, strategy: Any) -> Any:
