@@ -463,14 +463,18 @@ AGREED = "the same model, batch and devices agreed with one device earlier in th
 
 
 def setup_before(model: Any, shapes: Callable[[int], list], where: str,
-                 random_draws: str | None) -> str:
+                 random_draws: str | None) -> str | None:
     """The `setup_key` a fit's first execution will have, told before the fit from the
     shapes of its first batches (`arrays.Pipeline.shapes`): an inference-mode comparison's
     (the replicas draw random numbers) from the first batch, a training step's from the
-    first execution's `steps_per_execution` batches, as `FirstStep` reads them after it."""
-    if random_draws:
-        return setup_key(model, shapes(1), where + INFERENCE)
-    return setup_key(model, shapes(model.steps_per_execution), where)
+    first execution's `steps_per_execution` batches, as `FirstStep` reads them after it.
+    None where it cannot be told (the check then decides after the first step, as ever)."""
+    try:
+        if random_draws:
+            return setup_key(model, shapes(1), where + INFERENCE)
+        return setup_key(model, shapes(model.steps_per_execution), where)
+    except Exception:  # noqa: BLE001 - the check must never break the cell
+        return None
 
 
 def _pythonic(logs: Any) -> dict:
