@@ -392,7 +392,8 @@ class FirstStep(keras.callbacks.Callback):
         if not batches or len(batches) < steps:
             self._skip("its first batches were not kept")
             return
-        setup = setup_key(self.model, [batch_shapes(b) for b in batches], self._where)
+        setup = comparison_setup(self.model, [batch_shapes(b) for b in batches], self._where,
+                                 inference=False)
         if setup in self._agreed:
             self._skip(AGREED, setup)
             return
@@ -430,7 +431,8 @@ class FirstStep(keras.callbacks.Callback):
         if not batches:
             self._skip("its first batch was not kept")
             return
-        setup = setup_key(self.model, [batch_shapes(batches[0])], self._where + INFERENCE)
+        setup = comparison_setup(self.model, [batch_shapes(batches[0])], self._where,
+                                 inference=True)
         if setup in self._agreed:
             self._skip(AGREED, setup)
             return
@@ -458,21 +460,32 @@ class FirstStep(keras.callbacks.Callback):
 
 
 _INFERENCE = object()  # `_before` where the first batch is compared in inference mode
-INFERENCE = " inference"  # `where`'s suffix in the setup of an inference-mode comparison
+INFERENCE_SUFFIX = " inference"  # `where`'s suffix in the setup of an inference-mode comparison
 AGREED = "the same model, batch and devices agreed with one device earlier in this notebook"
+
+
+def comparison_setup(model: Any, shapes: list, where: str, inference: bool) -> str:
+    """The `setup_key` of a first-step comparison, from `batch_shapes` of the batches it
+    compares (`shapes`): a training step's is of the first execution's batches; an
+    inference-mode comparison's (the replicas draw random numbers) of the first batch alone,
+    with `where` marked, so the same batch compared the other way is another setup. Both
+    `FirstStep` (after the first execution) and `setup_before` (before the fit) use it."""
+    if inference:
+        return setup_key(model, shapes[:1], where + INFERENCE_SUFFIX)
+    return setup_key(model, shapes, where)
 
 
 def setup_before(model: Any, shapes: Callable[[int], list], where: str,
                  random_draws: str | None) -> str | None:
-    """The `setup_key` a fit's first execution will have, told before the fit from the
-    shapes of its first batches (`arrays.Pipeline.shapes`): an inference-mode comparison's
-    (the replicas draw random numbers) from the first batch, a training step's from the
-    first execution's `steps_per_execution` batches, as `FirstStep` reads them after it.
-    None where it cannot be told (the check then decides after the first step, as ever)."""
+    """The `comparison_setup` a fit's first execution will have, told before the fit from
+    the shapes of its first batches (`arrays.Pipeline.shapes`): one batch's where the
+    replicas draw random numbers (an inference-mode comparison), otherwise the first
+    execution's `steps_per_execution`. None where it cannot be told (the check then decides
+    after the first step, as ever)."""
     try:
-        if random_draws:
-            return setup_key(model, shapes(1), where + INFERENCE)
-        return setup_key(model, shapes(model.steps_per_execution), where)
+        inference = bool(random_draws)
+        return comparison_setup(model, shapes(1 if inference else model.steps_per_execution),
+                                where, inference)
     except Exception:  # noqa: BLE001 - the check must never break the cell
         return None
 
