@@ -2,13 +2,16 @@
 
     python benchmarks/bench_train.py [--model cnn|lstm] [--backend tf|jax]
         [--precision fp32|mixed_bf16|bf16|fp16|auto] [--simulate N] [--per-replica B]
-        [--quick] [--json PATH]
+        [--steps N] [--rounds N] [--quick] [--json PATH]
 
 Models: the seeds' CIFAR-10 CNN (BatchNorm, Conv 32-32-64-64, MaxPool, Dropout, Dense
 512) on synthetic 32×32×3 images, or the seeds' IMDB LSTM (Embedding(15000, 32),
 LSTM(100), Dense(1, sigmoid)) on synthetic reviews of 250 words. Each way trains the
 same steps after a warm-up that compiles; the ways run in interleaved rounds and each
-way's median is kept, so machine noise hits all three alike.
+way's median is kept, so machine noise hits all three alike. Each round starts one way
+later than the round before (hand-written, magic, raw; then magic, raw, hand-written; ...),
+so over three rounds every way runs first, second and third once: a way is not always
+the one that runs after the others.
 
 - hand-written: the model built in the strategy's scope (TF) or under the distribution
   (JAX), `fit` on NumPy arrays, `verbose=0`;
@@ -212,6 +215,8 @@ def parse(argv):
     parser.add_argument("--json", metavar="PATH", help="write the results here")
     parser.add_argument("--per-replica", type=int, default=None, help="batch per replica")
     parser.add_argument("--steps", type=int, default=None, help="steps a round (default 8)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="interleaved rounds, each way's median kept (default 3; 2 --quick)")
     parser.add_argument("--attempts", type=int, default=4,
                         help="runs of one way and round before giving up on a signal")
     parser.add_argument("--child-timeout", type=int, default=900,
@@ -226,7 +231,7 @@ def main(argv=None):
     args = parse(argv)
     if args.way:
         return measure(args)
-    rounds = 2 if args.quick else 3
+    rounds = args.rounds or (2 if args.quick else 3)
     child_args = [a for a in argv]
     if "--json" in child_args:
         at = child_args.index("--json")
@@ -234,7 +239,8 @@ def main(argv=None):
     runs = {way: [] for way in WAYS}
     killed = {way: [] for way in WAYS}
     for round_number in range(rounds):
-        for way in WAYS:
+        turn = round_number % len(WAYS)  # each way takes each place in the round in turn
+        for way in WAYS[turn:] + WAYS[:turn]:
             for _ in range(args.attempts):
                 with tempfile.NamedTemporaryFile(suffix=".json") as out:
                     try:
