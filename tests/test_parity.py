@@ -195,3 +195,24 @@ model.fit(x, y, batch_size=64, verbose=0)
         assert isinstance(again.parity, parity_module.Skipped), again.parity
         assert again.parity.why == parity_module.AGREED and reads == []
         assert again.parity.setup == checked.parity.setup
+
+
+def test_a_comparisons_setup_is_of_the_batches_it_compares():
+    # One helper tells a comparison's setup, before the fit and after its first execution:
+    # a training step's covers every batch of the execution, an inference-mode comparison's
+    # the first batch alone, and the two ways of comparing the same batch are two setups.
+    import keras
+
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+    model.compile("adam", "mse")
+    one = (((), (64, 8), "float32"),)
+    other = (((), (32, 8), "float32"),)
+    key = parity_module.comparison_setup
+    assert key(model, [one, other], "8 replicas", inference=True) == \
+        key(model, [one], "8 replicas", inference=True)
+    assert key(model, [one, other], "8 replicas", inference=False) != \
+        key(model, [one], "8 replicas", inference=False)
+    assert key(model, [one], "8 replicas", inference=True) != \
+        key(model, [one], "8 replicas", inference=False)
+    assert key(model, [one], "8 replicas", inference=False) == \
+        parity_module.setup_key(model, [one], "8 replicas")
