@@ -11,7 +11,8 @@ process of its own (an iterator of one way can hold up freeing the other's):
 - `keras`: the model built in `strategy.scope()`, the datasets passed to Keras, which
   distributes them (a MultiDeviceIterator with per-device prefetching);
 - `tpu_magic`: the same datasets through `pipeline.whole_batches`, what `%%tpu_train`
-  does with them (whole, masked batches, one pipeline per replica, autotuning off).
+  does with them (whole, masked batches, one host pipeline whose batches are cut into the
+  replicas' parts, autotuning off).
 
 Each fit is timed whole and from `on_train_end` to its return: that tail is the time
 spent freeing the input iterators, the known wait. Prints a table and writes JSON with

@@ -1,6 +1,7 @@
-"""NumPy inputs as one tf.data pipeline per replica (`backends.tf.data`): each replica gathers
-only its own rows of every global batch, and the padding's packed weight carries the whole
-batch's share of real samples, as one pipeline cut afterwards gave."""
+"""Inputs under 8 mirrored replicas (`backends.tf.data`): one pipeline on the host whose every
+global batch is cut into the replicas' parts (`ReplicaParts`). Each replica gathers only its
+own rows of a NumPy batch, the padding's packed weight carries the whole batch's share of
+real samples, and a user's dataset runs its steps once a global batch, not once a replica."""
 
 import numpy as np
 import tensorflow as tf
@@ -50,3 +51,34 @@ def test_predict_replicas_read_their_rows(sim8):
     parts = _replica_batches(pipeline, strategy)
     got = np.concatenate([p[0] for p in parts])[:, 0]
     np.testing.assert_array_equal(got, list(range(12)) + [0.0] * 4)  # padding repeats sample 0
+
+
+def test_a_users_dataset_runs_once_a_global_batch_and_each_replica_gets_its_rows(sim8):
+    import tpu_magic
+
+    strategy = tpu_magic.session().strategy
+    x = np.arange(20, dtype="float32")[:, None]
+    y = np.arange(20) % 3
+    reads = []
+
+    def read(batch):  # a step of the user's pipeline, counted each time it runs
+        reads.append(len(batch))
+        return batch
+
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(16).map(
+        lambda bx, by: (tf.ensure_shape(tf.numpy_function(read, [bx], tf.float32), [None, 1]),
+                        by))
+    whole = data.whole_batches(dataset, 16, strategy)
+    assert isinstance(whole, data.ReplicaParts)
+    assert len(whole.element_spec) == 3  # a replica's part: (x, y, packed weight)
+    steps = [[tf.nest.map_structure(lambda t: t.numpy(), p)
+              for p in strategy.experimental_local_results(batch)] for batch in whole]
+    assert reads == [16, 4]  # one pipeline a replica would run the map 8 times a batch
+    assert len(steps) == 2 and all(len(parts) == 8 for parts in steps)
+    for step, parts in enumerate(steps):
+        got = np.concatenate([rx for rx, _, _ in parts])[:, 0]
+        real = x[16 * step:16 * step + 16, 0]
+        np.testing.assert_array_equal(got, np.pad(real, (0, 16 - len(real))))
+        mask = np.concatenate([packed[MASK] for _, _, packed in parts])
+        np.testing.assert_array_equal(mask, [1.0] * len(real) + [0.0] * (16 - len(real)))
+

@@ -99,8 +99,9 @@ def input_need(dataset: Any, step_seconds: float | None, known: float | None = N
     `keras_inputs.whole_batches`) nor can be drawn again without changing what the next
     pass reads (tpu_magic's own pipelines of NumPy arrays can). `known`: a batch's seconds
     measured on an earlier fit of the same pipeline (same types, shapes, samples, batch,
-    replicas): not drawn again (drawing starts every replica's iterator: on the seeds' CNN
-    and LSTM over 8 simulated replicas, 0.2 s of each fit)."""
+    replicas): not drawn again (drawing starts the input's iterator again: on the seeds' CNN
+    and LSTM over 8 simulated replicas, 0.2 s of each fit when each replica had a pipeline
+    of its own, before `backends/tf/data.ReplicaParts`))."""
     if not step_seconds:
         return None
     if known is not None:

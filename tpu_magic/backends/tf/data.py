@@ -11,19 +11,17 @@ Measured: numpy under 8 replicas stalls at every epoch start; `repeat()` +
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import keras
 import tensorflow as tf
+from tensorflow.python.distribute import distribute_utils, input_lib
 
 from tpu_magic.core.arrays import Pipeline, new_seed, num_samples
 from tpu_magic.core.batching import steps_for
 from tpu_magic.core.packed import MASK, REAL, WEIGHT
 
 _PARALLEL_LOADS = max(2, min(8, os.cpu_count() or 2))
-_PER_REPLICA = tf.distribute.InputOptions(
-    experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA,
-    experimental_fetch_to_device=False)
 
 
 def _as_tuples(x: Any) -> Any:
@@ -69,20 +67,20 @@ def _index_batches(samples: int, batch: int, shuffle: bool, repeat: bool, seed: 
 def _loaded(indices: tf.data.Dataset, load: Callable[[tf.Tensor], Any]) -> tf.data.Dataset:
     """Batches of indices → batches of data, a few batches ahead, with tf.data's autotuning off.
 
-    `load` is traced as it is, without AutoGraph (`_traced_as_is`): each replica's pipeline
-    traces it again for every fit.
+    `load` is traced as it is, without AutoGraph (`_traced_as_is`), once for every fit.
 
     An iterator with autotuning runs a thread that sleeps in ever longer periods, and
     freeing the iterator waits for it: that is what made Keras's MultiDeviceIterator
-    slow to free (see `_distributed`). Turning it off alone did not help there (those
-    were Keras's per-device datasets); for our own per-replica iterators it keeps the
-    thread away. Fixed parallelism and a prefetch of two batches keep the device fed.
+    slow to free (see `ReplicaParts`). Turning it off alone did not help there (those
+    were Keras's per-device datasets); for our own iterators it keeps the thread away.
+    Fixed parallelism and a prefetch of two batches keep the device fed.
 
     tf.data's default graph rewrites are off too: this pipeline (batches of indices, a
     parallel map, a prefetch) is already what they aim for, so they find nothing to do,
-    and looking costs every replica's iterator at every fit (measured on 8 replicas'
-    pipelines of the seeds' IMDB LSTM, 2 cores: starting the 8 iterators took 0.13-0.17 s
-    with them, 0.08-0.095 s without). A user's dataset keeps them (`whole_batches`).
+    and looking costs every iterator's start, at every fit (measured on the 8 per-replica
+    pipelines tpu_magic had before `ReplicaParts`, the seeds' IMDB LSTM, 2 cores: starting
+    the 8 iterators took 0.13-0.17 s with them, 0.08-0.095 s without). A user's dataset
+    keeps them (`whole_batches`).
     """
     options = tf.data.Options()
     options.experimental_optimization.apply_default_optimizations = False
@@ -100,36 +98,25 @@ def _traced_as_is(function: Callable[..., Any]) -> Callable[..., Any]:
 
 def _distributed(indices: tf.data.Dataset, load: Callable[..., Any], batch: int,
                  strategy: Any) -> tuple[Any, Any]:
-    """Under a MirroredStrategy with several replicas: one pipeline per replica, each loading
-    its own rows of every global batch; otherwise the plain dataset (Keras distributes it).
-    Returns the dataset and `arrays.batch_shapes` of one global batch (None where a shape
-    is not static), told from the pipelines' element spec, without reading.
+    """Under a MirroredStrategy with several replicas: one pipeline on the host whose every
+    element is a global batch already cut into the replicas' rows (`ReplicaParts`);
+    otherwise the plain dataset (Keras distributes it). Returns the dataset and
+    `arrays.batch_shapes` of one global batch (None where a shape is not static), told from
+    the pipeline's element spec, without reading.
 
     `load(index, keep)` maps a global batch of indices to data, gathering only the rows
-    `keep` cuts from it: a replica's pipeline reads 1/R of the data. Gathering the whole
+    `keep` cuts from it: each replica's part is gathered on its own. Gathering the whole
     batch and cutting it afterwards kept every replica's cut pointing into a whole batch
     (a slice of a tensor shares its buffer): measured on the seeds' CNN, 8 replicas, batch
-    1024, the process's peak grew by ~0.4 GiB, and the gathers cost R times the work.
-
-    Measured (seed CNN, 8 simulated replicas, batch 1024): Keras's own distribution, a
-    MultiDeviceIterator, made every `fit` wait 17-117 s after its last step while the
-    iterator was freed (its per-device prefetch datasets carry tf.data's autotune thread,
-    which is waited for), and CI once hung there for good. Per-replica pipelines have no
-    such wait, and their steps were faster too (16.6 s against 24 s an epoch).
+    1024, the process's peak grew by ~0.4 GiB.
     """
     if not _splits_per_replica(strategy):
         dataset = _loaded(indices, lambda index: load(index, _whole))
         return dataset, _shapes(dataset.element_spec, batch)
-    specs = []
-
-    def replica(keep: Callable[[Any], Any]) -> tf.data.Dataset:
-        dataset = _loaded(indices, lambda index: load(index, keep))
-        specs.append(dataset.element_spec)
-        return dataset
-
-    dataset = _split_over_replicas(replica, batch, strategy)
+    cuts = _replica_cuts(batch, strategy)
+    dataset = _loaded(indices, lambda index: tuple(load(index, cut) for cut in cuts))
     # a replica's rows of every array of the global batch: the same but the first dimension
-    return dataset, _shapes(specs[0], batch)
+    return ReplicaParts(dataset), _shapes(dataset.element_spec[0], batch)
 
 
 def _shapes(spec: Any, batch: int) -> tuple | None:
@@ -142,26 +129,67 @@ def _shapes(spec: Any, batch: int) -> tuple | None:
 
 
 def _splits_per_replica(strategy: Any) -> bool:
-    """Whether tpu_magic makes one input pipeline per replica: MirroredStrategy, several."""
+    """Whether tpu_magic cuts every global batch into the replicas' parts itself:
+    MirroredStrategy, several replicas."""
     return getattr(strategy, "num_replicas_in_sync", 1) > 1 and \
         type(strategy).__name__ == "MirroredStrategy"
 
 
-def _split_over_replicas(pipeline: Callable[[Callable[[Any], Any]], tf.data.Dataset],
-                         batch: int, strategy: Any) -> Any:
-    """One pipeline per replica, each keeping its own rows of every global batch.
-
-    `pipeline(keep)` builds a replica's dataset; `keep` cuts a whole batch (any structure)
-    down to that replica's rows. Every pipeline sees the same global order.
-    """
+def _replica_cuts(batch: int, strategy: Any) -> list[Callable[[Any], Any]]:
+    """One function a replica: it cuts a whole batch (any structure) down to that replica's
+    rows, in the replicas' order."""
     rows = batch // strategy.num_replicas_in_sync
 
-    def replica_pipeline(context: tf.distribute.InputContext) -> tf.data.Dataset:
-        first = context.input_pipeline_id * rows
-        return pipeline(lambda element: tf.nest.map_structure(
-            lambda t: t[first:first + rows], element))
+    def cut_from(first: int) -> Callable[[Any], Any]:
+        return lambda element: tf.nest.map_structure(lambda t: t[first:first + rows], element)
 
-    return strategy.distribute_datasets_from_function(replica_pipeline, options=_PER_REPLICA)
+    return [cut_from(replica * rows) for replica in range(strategy.num_replicas_in_sync)]
+
+
+class ReplicaParts(input_lib.DistributedDataset):
+    """A host pipeline whose elements are tuples of the replicas' parts of a global batch,
+    as Keras's TensorFlow trainer takes a distributed dataset: each element a structure of
+    `PerReplica` values (`regroup`), which `strategy.run` hands out, a part to a replica.
+
+    Why not TensorFlow's own distribution:
+    - `experimental_distribute_dataset` (what Keras does with a plain dataset) feeds the
+      replicas through a MultiDeviceIterator. Measured (seed CNN, 8 simulated replicas,
+      batch 1024): every `fit` waited 17-117 s after its last step while that iterator was
+      freed (its per-device prefetch datasets carry tf.data's autotune thread, which is
+      waited for), and CI once hung there for good.
+    - `distribute_datasets_from_function` per replica (what tpu_magic did before) has no
+      such wait, but builds and starts R pipelines at every `fit`: on the seeds' IMDB LSTM
+      over 8 simulated replicas (2 cores), 0.2-0.25 s before a warm fit's first step, 8 %
+      of an 8-step cell. One pipeline here: 0.05-0.10 s, and its steps ran as fast
+      (benchmarks/bench_train.py, docs/benchmarks.md).
+
+    Iterating gives a Python iterator, so Keras runs a step a call (its loop over
+    `steps_per_execution` steps runs on the host; under several mirrored replicas
+    tpu_magic runs one step an execution anyway, keras-team/keras#19246). Each part is read
+    on the host and copied to its replica's device by the step, as the per-replica
+    pipelines did (they did not fetch to the devices either).
+
+    Only what Keras and tpu_magic use of a distributed dataset is here (iterating, its
+    element spec, its cardinality); TensorFlow's own constructor is not run.
+    """
+
+    def __init__(self, parts: tf.data.Dataset):  # pylint: disable=super-init-not-called
+        self._parts = parts
+
+    def __iter__(self) -> Iterator[Any]:
+        for parts in self._parts:
+            yield distribute_utils.regroup(parts)
+
+    @property
+    def element_spec(self) -> Any:
+        """A replica's part, as a per-replica distributed dataset's spec is."""
+        return self._parts.element_spec[0]
+
+    @property
+    def cardinality(self) -> int:
+        """Global batches in the pipeline (negative: endless or unknown), as TensorFlow's
+        distributed datasets give it: a number, not a method."""
+        return int(self._parts.cardinality())
 
 
 def _whole(t: Any) -> Any:
@@ -286,14 +314,12 @@ def whole_batches(dataset: Any, batch: int, strategy: Any) -> Any:
     A batch with fewer rows (the last one, without `drop_remainder`) is padded to `batch`
     and every batch carries `exactness`'s packed sample weight (the user's weights, if
     any, inside it), so a partial batch splits over the replicas and counts by its real
-    samples. Under a MirroredStrategy with several replicas the result is one pipeline per
-    replica, as for NumPy inputs (see `_distributed`): Keras's own distribution of a
-    dataset made `fit` wait after its last step while freeing its MultiDeviceIterator
-    (measured in benchmarks/bench_tfdata.py). Each replica's pipeline runs the dataset's
-    own steps (its maps, its shuffle) and keeps its rows of every global batch, so a
-    heavy pipeline costs once per replica. Every replica must see the same order, so a
-    dataset with an unseeded shuffle (no seed, no global seed) stays one pipeline that
-    Keras distributes.
+    samples. Under a MirroredStrategy with several replicas every whole batch is cut into
+    the replicas' parts on the host, as for NumPy inputs (`ReplicaParts`): Keras's own
+    distribution of a dataset made `fit` wait after its last step while freeing its
+    MultiDeviceIterator (measured in benchmarks/bench_tfdata.py). The dataset's own steps
+    (its maps, its shuffle, seeded or not) run once, in one pipeline, so every replica's
+    part is of the same global batch.
     """
     def padded(*element):
         x, y = element[0], element[1]
@@ -308,12 +334,12 @@ def whole_batches(dataset: Any, batch: int, strategy: Any) -> Any:
                 _packed(mask, fill(element[2]) if len(element) > 2 else None))
 
     whole = dataset.map(_traced_as_is(padded), num_parallel_calls=_PARALLEL_LOADS)
-    if not _splits_per_replica(strategy) or unseeded_shuffle(dataset):
+    if not _splits_per_replica(strategy):
         return whole
-    return _split_over_replicas(
-        lambda keep: _without_autotune(
-            whole.map(_traced_as_is(lambda *element: keep(element))).prefetch(2)),
-        batch, strategy)
+    cuts = _replica_cuts(batch, strategy)
+    return ReplicaParts(_without_autotune(
+        whole.map(_traced_as_is(lambda *element: tuple(cut(element) for cut in cuts)))
+        .prefetch(2)))
 
 
 def _without_autotune(dataset: tf.data.Dataset) -> tf.data.Dataset:
@@ -322,20 +348,6 @@ def _without_autotune(dataset: tf.data.Dataset) -> tf.data.Dataset:
     options = tf.data.Options()
     options.autotune.enabled = False
     return dataset.with_options(options)
-
-
-def unseeded_shuffle(dataset: Any) -> bool:
-    """Whether the dataset shuffles with a random seed of its own (seed and seed2 both 0:
-    neither `shuffle(seed=...)` nor `tf.random.set_seed`/`keras.utils.set_random_seed`)."""
-    pending = [dataset]
-    while pending:
-        node = pending.pop()
-        if type(node).__name__ == "_ShuffleDataset" and \
-                int(node._seed) == 0 and int(node._seed2) == 0:
-            return True
-        pending += [n for n in (getattr(node, "_input_dataset", None),) if n is not None]
-        pending += list(getattr(node, "_input_datasets", ()) or ())
-    return False
 
 
 def equal_shares(dataset: Any, replicas: int) -> Any:
@@ -416,13 +428,14 @@ def user_batches(data: Any, strategy: Any, note: Callable[[str], None], masked: 
     short batches padded and masked, or cut to a whole number of rows per replica where the
     loss takes no mask (a replica cannot run an uneven share). A generator or a grain
     dataset goes to Keras's own adapter as it is (a one-shot generator lost batches to
-    Keras's build-time peek through the wrapper)."""
+    Keras's build-time peek through the wrapper). `note` is the protocol's: nothing here
+    needs to say anything."""
     import keras
 
     if hasattr(data, "element_spec"):
         if class_weight:
             return data, False
-        return _whole_dataset(data, batch, strategy, note, masked), False
+        return _whole_dataset(data, batch, strategy, masked), False
     from tpu_magic.backends.keras_inputs import whole_batches as whole_keras_batches
 
     replicas = getattr(strategy, "num_replicas_in_sync", 1)
@@ -433,15 +446,8 @@ def user_batches(data: Any, strategy: Any, note: Callable[[str], None], masked: 
                                cut=True), True
 
 
-def _whole_dataset(data: Any, batch: int | None, strategy: Any, note: Callable[[str], None],
-                   masked: bool) -> Any:
+def _whole_dataset(data: Any, batch: int | None, strategy: Any, masked: bool) -> Any:
     replicas = getattr(strategy, "num_replicas_in_sync", 1)
     if not (masked and batch and labelled(data)):
         return equal_shares(data, replicas) if replicas > 1 else data
-    if getattr(strategy, "num_replicas_in_sync", 1) > 1 and unseeded_shuffle(data):
-        note("the dataset shuffles without a seed, so it cannot be split into one "
-             "pipeline per replica (each would shuffle its own way) and Keras "
-             "distributes it: freeing its iterator can make fit wait seconds to "
-             "minutes after the last step. Seed the shuffle, `shuffle(n, seed=1)`, "
-             "or call keras.utils.set_random_seed(...) before building the dataset.")
     return whole_batches(data, batch, strategy)
