@@ -253,9 +253,23 @@ class TrainingCell:
     # -- routing ---------------------------------------------------------------------------
 
     def route(self, name: str, model: Any, call: dict, named: set) -> Any:
-        """`model.<name>(...)` through tpu_magic (see `routing`)."""
+        """`model.<name>(...)` through tpu_magic (see `routing`). When the call ends, what
+        holds the inputs built for it is dropped (`_drop_inputs`)."""
         with self.watch(name):
-            return self._route(name, model, call, named)
+            try:
+                return self._route(name, model, call, named)
+            finally:
+                self._drop_inputs(call)
+
+    def _drop_inputs(self, call: dict) -> None:
+        """The call's arguments (`routing` made the dict for this call alone) and the cell's
+        `Inputs` hold the pipelines built for it, which on TensorFlow hold a copy of the
+        arrays. A cell's objects refer to each other (the cell, its inputs and its progress
+        hold each other's methods), so without this they went only at Python's next full
+        collection, which comes seldom: measured on the seeds' CNN over 8 simulated replicas,
+        5 fits' pipelines (each a 96 MiB copy of the images) were alive after 5 cells."""
+        call.clear()
+        self.inputs.drop_pipelines()
 
     def _route(self, name: str, model: Any, call: dict, named: set) -> Any:
         self._follow_users_distribution()

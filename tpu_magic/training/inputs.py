@@ -51,6 +51,11 @@ class Inputs:
         # input, whose pipeline the key cannot tell apart
         self.measurable_key: str | None = None
 
+    def drop_pipelines(self) -> None:
+        """The last call's pipelines are no longer needed (`TrainingCell._drop_inputs`)."""
+        self.first_batches = self.first_shapes = self.measurable = None
+        self.measurable_key = None
+
     def remainder(self, model: Any, has_targets: bool) -> str:
         """What becomes of the samples that do not fill the last batch
         (`planning.remainder_for`); where they are left out, says so and why."""
