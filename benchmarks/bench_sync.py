@@ -54,9 +54,9 @@ def main(argv=None):
     import numpy as np
 
     import tpu_magic
-    from tpu_magic.training.checkpoint_file import read_checkpoint
-    from tpu_magic.training.checkpoint_state import restore
-    from tpu_magic.training.checkpoint_store import CheckpointStore
+    from tpu_magic.training.checkpoints.one_file import read_checkpoint
+    from tpu_magic.training.checkpoints.state import restore
+    from tpu_magic.training.checkpoints.store import CheckpointStore
 
     replicas = tpu_magic.session().replicas
     shell.user_ns.update(build_cnn=build_cnn, np=np, keras=keras)

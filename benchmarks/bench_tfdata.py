@@ -44,7 +44,7 @@ def run_way(way: str, replicas: int, fits: int) -> list[tuple[float, float]]:
     import tensorflow as tf
 
     from tpu_magic.backends.tf import data as pipeline
-    from tpu_magic.training.exactness import enable
+    from tpu_magic.training.inputs.exactness import enable
 
     strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)])
     images = np.random.rand(2000, 28, 28, 1).astype("float32")

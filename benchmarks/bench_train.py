@@ -350,7 +350,7 @@ def measure(args) -> int:
     import numpy as np
 
     import tpu_magic
-    from tpu_magic.training.precision import choose
+    from tpu_magic.training.models.precision import choose
 
     connection = tpu_magic.session()
     replicas = connection.replicas

@@ -50,7 +50,7 @@ def main() -> None:
 
 
 def hang_while_writing(epoch: int, marker: Path) -> None:
-    from tpu_magic.training import checkpoint_store as checkpoint
+    from tpu_magic.training.checkpoints import store as checkpoint
 
     real_write = checkpoint.write_file
 

@@ -12,7 +12,7 @@ from support.cells import ADAM, train
 from IPython.core.error import UsageError
 
 import tpu_magic
-from tpu_magic.training.checkpoint_file import read_checkpoint
+from tpu_magic.training.checkpoints.one_file import read_checkpoint
 
 FIT = "model.fit(x[:600], y[:600], batch_size=64, epochs={epochs}, verbose=0)\n"
 
@@ -149,7 +149,7 @@ def test_a_read_only_directory_is_refused(digits, tmp_path):
 
 
 def test_a_full_disk_stops_training_with_the_state_intact(digits, tmp_path, monkeypatch):
-    from tpu_magic.training import checkpoint_store as checkpoint
+    from tpu_magic.training.checkpoints import store as checkpoint
 
     real_write = checkpoint.write_file
 

@@ -1,4 +1,4 @@
-"""The decisions of `training/exactness.py` and `training/inputs.py`, one at a time.
+"""The decisions of `training/inputs/exactness.py` and `training/inputs/build.py`, one at a time.
 
 They read Keras models, so they run here (Keras imported) and not in tests/unit; nothing is
 distributed: plain models on the CPU, and for `Inputs` a stand-in connection whose input
@@ -15,8 +15,8 @@ from keras import ops
 from tpu_magic.core.arrays import Pipeline
 from tpu_magic.core.batching import BatchPlan
 from tpu_magic.core.errors import InputError
-from tpu_magic.training import exactness
-from tpu_magic.training.inputs import Inputs
+from tpu_magic.training.inputs import exactness
+from tpu_magic.training.inputs.build import Inputs
 
 
 def _dense(loss="sparse_categorical_crossentropy", cls=keras.Sequential):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from support.cells import ADAM, SIX_EPOCHS, train
 
-from tpu_magic.training.checkpoint_file import read_checkpoint
+from tpu_magic.training.checkpoints.one_file import read_checkpoint
 
 RUN = Path(__file__).parent / "checkpoint_run.py"
 

@@ -11,7 +11,7 @@ import keras
 import tpu_magic
 from tpu_magic.notebook.lossplot import loss_svg
 from tpu_magic.notebook.panel import Panel
-from tpu_magic.training.progress import FitProgress, FitTiming
+from tpu_magic.training.fit.progress import FitProgress, FitTiming
 
 from support.cells import DENSE, dense_model, train
 from support.data import SETUP

@@ -5,7 +5,7 @@ that are exact. The JAX side is in jax_backend/test_as_plain_keras.py."""
 import pytest
 from support.cells import train
 
-from tpu_magic.training import parity as parity_module
+from tpu_magic.training.parity import compare as parity_module
 
 ROWS = """
 import numpy as np, keras, tensorflow as tf

@@ -44,7 +44,7 @@ def test_the_cpu_copy_and_checkpoints_are_float32(digits, tmp_path):
     assert {w.dtype for w in copy.weights} == {"float32"}
     assert copy.dtype_policy.name == "float32" and copy.layers[0].compute_dtype == "float32"
     assert sync.max_abs_diff < 0.05  # bfloat16 against float32 compute on the same weights
-    from tpu_magic.training.checkpoint_file import read_checkpoint
+    from tpu_magic.training.checkpoints.one_file import read_checkpoint
 
     newest = sorted(tmp_path.glob("ckpt-*.h5"))[-1]
     assert {a.dtype for a in read_checkpoint(newest).weights.arrays} == {np.dtype("float32")}

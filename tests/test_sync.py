@@ -9,7 +9,7 @@ from IPython.core.error import UsageError
 
 import keras
 from tpu_magic.core.atomic import atomic_path
-from tpu_magic.training.sync import SyncReport, variable_batch, weights_path
+from tpu_magic.training.sync.cpu_copy import SyncReport, variable_batch, weights_path
 
 from support.cells import DENSE, dense_model, train
 

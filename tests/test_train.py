@@ -7,7 +7,7 @@ from IPython.core.error import UsageError
 
 import keras
 import tpu_magic
-from tpu_magic.training.progress import FitProgress, FitTiming
+from tpu_magic.training.fit.progress import FitProgress, FitTiming
 
 from support.cells import DENSE, dense_model, overrides_kept, train, traced_steps_kept
 from support.data import SETUP

@@ -3,7 +3,7 @@
 import pytest
 
 import keras
-from tpu_magic.training.progress import FitProgress, FitTiming
+from tpu_magic.training.fit.progress import FitProgress, FitTiming
 from tpu_magic.core.flops import counted_training_flops, forward_flops
 
 CONV = """

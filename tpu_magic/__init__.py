@@ -45,7 +45,7 @@ def load_adapters(model, path):
     """Puts LoRA adapters saved by `%tpu_sync MODEL --save PATH --adapters` into `model`
     (built from the same preset, LoRA enabled with the same rank); returns how many
     variables were loaded."""
-    from tpu_magic.training.adapters import load_adapters as load
+    from tpu_magic.training.sync.adapters import load_adapters as load
 
     return load(model, path)
 

@@ -262,7 +262,8 @@ def _warned(ip, cell, capsys):
 
 
 def test_padding_without_its_masks_is_caught(ip, capsys, monkeypatch):
-    from tpu_magic.training import exactness, planning
+    from tpu_magic.training.inputs import exactness
+    from tpu_magic.training.inputs import planning
 
     from tpu_magic.core.packed import WEIGHT, is_packed
 
@@ -290,7 +291,7 @@ def test_padding_without_its_masks_is_caught(ip, capsys, monkeypatch):
 
 
 def test_padding_into_batchnorm_statistics_is_caught(ip, capsys, monkeypatch):
-    from tpu_magic.training import planning
+    from tpu_magic.training.inputs import planning
 
     monkeypatch.setattr(planning, "pads", lambda model, connection: True)
     parity = _warned(ip, ROWS + """

@@ -704,7 +704,7 @@ def test_a_lora_language_models_checkpoints_hold_what_trains_and_resume(ip, tmp_
     # enable_lora freezes it with the norms and every kernel: only LoRA's bases were left
     # out (8.68 MB written for 8.78 MB of weights)
     from tpu_magic.backends.jax.checkpoint import ShardWriter
-    from tpu_magic.training.checkpoint_shards import describe_shards
+    from tpu_magic.training.checkpoints.orbax_shards import describe_shards
 
     cell = (_hub_lm(heads=8, **GEMMA).replace("vocabulary_size=512", "vocabulary_size=32768")
             .replace("rs.randint(1, 512", "rs.randint(1, 32768"))

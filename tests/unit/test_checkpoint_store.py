@@ -1,4 +1,4 @@
-"""Checkpoint files (training/checkpoint_store.py): their names and order, the sequence a new
+"""Checkpoint files (training/checkpoints/store.py): their names and order, the sequence a new
 one gets, what is kept, which one `--resume` takes, and what is moved aside; on real files in
 a temporary directory, without Keras (the writer asks it only its version)."""
 
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from tpu_magic.core.errors import CheckpointError
-from tpu_magic.training.checkpoint_file import read_checkpoint, write_file
-from tpu_magic.training.checkpoint_state import Variables, mismatch, not_finite
-from tpu_magic.training.checkpoint_store import CheckpointStore
+from tpu_magic.training.checkpoints.one_file import read_checkpoint, write_file
+from tpu_magic.training.checkpoints.state import Variables, mismatch, not_finite
+from tpu_magic.training.checkpoints.store import CheckpointStore
 
 WEIGHTS = (np.arange(4, dtype="float32").reshape(2, 2), np.ones(3, "float32"))
 

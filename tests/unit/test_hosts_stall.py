@@ -16,7 +16,7 @@ def test_the_compiling_name_is_the_one_the_cell_gives_its_bar():
 
     import tpu_magic
 
-    source = Path(tpu_magic.__file__).parent / "training" / "progress.py"  # imports Keras
+    source = Path(tpu_magic.__file__).parent / "training" / "fit" / "progress.py"  # imports Keras
     names = {node.targets[0].id: node.value.value for node in ast.parse(source.read_text()).body
              if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)}
     assert COMPILING == names["COMPILING"]

@@ -7,7 +7,7 @@ import pytest
 
 from tpu_magic.core.batching import BatchPlan
 from tpu_magic.core.errors import BatchSizeError
-from tpu_magic.training.planning import (batched_input, choose_batch, is_dataset, padded_batch,
+from tpu_magic.training.inputs.planning import (batched_input, choose_batch, is_dataset, padded_batch,
                                          pads, read_once, remainder_for, scale_learning_rate,
                                          static_batch, static_per_replica, validation_cut,
                                          validation_plan)

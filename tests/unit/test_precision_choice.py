@@ -3,7 +3,7 @@
 import pytest
 
 from tpu_magic.core.errors import PrecisionError
-from tpu_magic.training.precision import choose, float32_config, low_precision
+from tpu_magic.training.models.precision import choose, float32_config, low_precision
 
 
 @pytest.mark.parametrize("requested, kind, bf16, policy, why", [

@@ -15,12 +15,16 @@ ROOT = Path(__file__).resolve().parents[2]
 FRAMEWORKS = ("keras", "tensorflow", "jax")
 
 
-@pytest.mark.parametrize("module", ["tpu_magic.core.batching", "tpu_magic.training.planning",
-                                    "tpu_magic.training.checkpoint_store",
-                                    "tpu_magic.training.checkpoint_shards",
-                                    "tpu_magic.training.sharding",
+@pytest.mark.parametrize("module", ["tpu_magic.core.batching", "tpu_magic.training.inputs.planning",
+                                    "tpu_magic.training.checkpoints.store",
+                                    "tpu_magic.training.checkpoints.orbax_shards",
+                                    "tpu_magic.training.placement.sharding",
                                     "tpu_magic.training.request",
-                                    "tpu_magic.training.placement"])
+                                    "tpu_magic.training.placement.place",
+                                    # `backends.get` imports them before choosing: a missing
+                                    # framework is then said by the backend, in one line
+                                    "tpu_magic.backends.tf.backend",
+                                    "tpu_magic.backends.jax.backend"])
 def test_the_module_imports_no_framework(module):
     code = (f"import sys, {module}\n"
             f"print(' '.join(m for m in {FRAMEWORKS!r} if m in sys.modules))")

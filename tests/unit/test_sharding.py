@@ -6,7 +6,7 @@ import pytest
 from tpu_magic.core.errors import ShardError
 from tpu_magic.core.layouts import SHARD_FROM_BYTES, VariableShard, derived_spec
 from tpu_magic.training.request import Shard, parse_mesh, read_shard
-from tpu_magic.training.sharding import table
+from tpu_magic.training.placement.sharding import table
 
 
 @pytest.mark.parametrize("text, mesh", [(None, (1, 8)), ("1x8", (1, 8)), ("2x4", (2, 4)),

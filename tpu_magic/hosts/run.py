@@ -151,7 +151,7 @@ def cpu_copy(hosts: Hosts, name: str | None, as_name: str | None, save: str | No
         SyncError: nothing trained on the hosts, or a bad copy name.
         HostsError: see `model_state`.
     """
-    from tpu_magic.training.sync_target import copy_name
+    from tpu_magic.training.sync.target import copy_name
 
     name = name or hosts.last_model
     if name is None:
@@ -164,7 +164,7 @@ def cpu_copy(hosts: Hosts, name: str | None, as_name: str | None, save: str | No
                                 "JAX; its copy here is too")
         process.set_environment("JAX_PLATFORMS", "cpu", "the copy lives on the CPU",
                                 keep_users=True)
-    from tpu_magic.training.sync import copy_from_state
+    from tpu_magic.training.sync.cpu_copy import copy_from_state
 
     classes = {k: v for k, v in namespace.items() if isinstance(v, type)}
     return copy_from_state(state, name=name, as_name=target, custom_objects=classes,

@@ -195,7 +195,7 @@ class TpuMagics(Magics, Configurable):
             new, report = cpu_copy(process.hosts(), model, as_name, save, self.shell.user_ns)
         else:
             from tpu_magic.core.session import session
-            from tpu_magic.training.sync_target import chosen_copy
+            from tpu_magic.training.sync.target import chosen_copy
 
             # What can be refused is refused before TensorFlow or Keras is imported.
             chosen_copy(self.shell.user_ns, model, as_name, workspace.last_model,
@@ -203,7 +203,7 @@ class TpuMagics(Magics, Configurable):
             quiet_native_logs()
             current = session()
             with tensorflow_info_silenced():
-                from tpu_magic.training.sync import sync_copy
+                from tpu_magic.training.sync.cpu_copy import sync_copy
 
                 new, report = sync_copy(
                     self.shell.user_ns, model, as_name, save, last_model=workspace.last_model,

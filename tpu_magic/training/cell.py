@@ -24,21 +24,28 @@ from tpu_magic.core.batching import BatchPlan, plan_batches
 from tpu_magic.core.errors import CheckpointError, RewrapError
 from tpu_magic.core.session import Connection
 from tpu_magic.core.variables import name_of
-from tpu_magic.training import (checkpoints, exactness, parity, placement, planning,
-                                precision, routing, sharding, utilization)
-from tpu_magic.training.agreement import ReplicasAgree
+from tpu_magic.training.checkpoints import cell_checkpoints as checkpoints
+from tpu_magic.training.inputs import exactness
+from tpu_magic.training.parity import compare as parity
+from tpu_magic.training.placement import place as placement
+from tpu_magic.training.inputs import planning
+from tpu_magic.training.models import precision
+from tpu_magic.training import routing
+from tpu_magic.training.placement import sharding
+from tpu_magic.training.fit import utilization
+from tpu_magic.training.fit.agreement import ReplicasAgree
 from tpu_magic.training.cell_code import (assigned_before, hand_written_loop,
                                           layout_owners, names_in)
-from tpu_magic.training.inputs import Inputs, given_batch_size
-from tpu_magic.training.model_setup import prepare, settle_traced_state
-from tpu_magic.training.progress import FitProgress, FitTiming, TrainingView
+from tpu_magic.training.inputs.build import Inputs, given_batch_size
+from tpu_magic.training.models.setup import prepare, settle_traced_state
+from tpu_magic.training.fit.progress import FitProgress, FitTiming, TrainingView
 from tpu_magic.training.report import CellRecord, FitOutcome, TrainReport
 from tpu_magic.training.request import TrainRequest
-from tpu_magic.training.rewrap import (built_for, built_outside, compile_again,
+from tpu_magic.training.models.rewrap import (built_for, built_outside, compile_again,
                                       custom_objects_from, made_outside,
                                       rewrap_namespace)
-from tpu_magic.training.stopping import StopOnEvent, stop_on_interrupt
-from tpu_magic.training.sync import compiled_like, cpu_copy
+from tpu_magic.training.fit.stopping import StopOnEvent, stop_on_interrupt
+from tpu_magic.training.sync.cpu_copy import compiled_like, cpu_copy
 
 
 # Its steps are not `strategy.run` calls, and its optimizer would update replicated variables

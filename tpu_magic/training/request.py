@@ -170,7 +170,7 @@ def _at_least_one(flag: str, value: Any) -> None:
 def _precision(text: str | None, connection: Any) -> Any:
     if text is None:
         return None
-    from tpu_magic.training.precision import for_connection
+    from tpu_magic.training.models.precision import for_connection
 
     return for_connection(text, connection)
 

@@ -20,7 +20,7 @@ from tpu_magic.backends.keras_inputs import drawn_alike
 from tpu_magic.core import arrays
 from tpu_magic.core.batching import BatchPlan
 from tpu_magic.core.errors import InputError
-from tpu_magic.training import exactness, planning
+from tpu_magic.training.inputs import exactness, planning
 
 
 class Inputs:

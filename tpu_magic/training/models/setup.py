@@ -14,7 +14,9 @@ from typing import Any
 
 import keras
 
-from tpu_magic.training import exactness, planning, precision
+from tpu_magic.training.inputs import exactness
+from tpu_magic.training.inputs import planning
+from tpu_magic.training.models import precision
 
 _TRACED = "_tpu_magic_traced"  # on the model: its functions were traced with the settings
 _STATE = "_tpu_magic_state"  # on the model: which variables its traced functions take

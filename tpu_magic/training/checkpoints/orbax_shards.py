@@ -12,7 +12,7 @@ from typing import Any
 
 from tpu_magic.core import variables
 from tpu_magic.core.errors import CheckpointError
-from tpu_magic.training.checkpoint_state import (FORMAT, Checkpoint, Variables, check_fits)
+from tpu_magic.training.checkpoints.state import (FORMAT, Checkpoint, Variables, check_fits)
 
 
 def meta(epoch: int, seed: int, sequence: int, chosen: list, slots: list,

@@ -14,7 +14,7 @@ import h5py
 import numpy as np
 
 from tpu_magic.core.errors import CheckpointError
-from tpu_magic.training.checkpoint_state import FORMAT, Checkpoint, Variables, not_finite
+from tpu_magic.training.checkpoints.state import FORMAT, Checkpoint, Variables, not_finite
 
 
 def write_file(path: Path, epoch: int, seed: int, sequence: int, weights: Variables,

@@ -35,9 +35,9 @@ import numpy as np
 from tpu_magic.core import variables
 from tpu_magic.core.atomic import atomic_path
 from tpu_magic.core.errors import CheckpointError
-from tpu_magic.training.checkpoint_file import read_checkpoint, unusable, write_file
-from tpu_magic.training.checkpoint_shards import describe_shards, meta, read_shards
-from tpu_magic.training.checkpoint_state import (Checkpoint, OtherModel, not_finite, state_of)
+from tpu_magic.training.checkpoints.one_file import read_checkpoint, unusable, write_file
+from tpu_magic.training.checkpoints.orbax_shards import describe_shards, meta, read_shards
+from tpu_magic.training.checkpoints.state import (Checkpoint, OtherModel, not_finite, state_of)
 
 _NAME = re.compile(r"^ckpt-(\d{6,})-epoch-(\d{4,})\.(?:h5|orbax)$")
 _ASIDE = re.compile(r"^ckpt-(\d{6,})-epoch-\d{4,}\.(?:h5|orbax)\.damaged$")

@@ -15,8 +15,8 @@ from typing import Any, Callable
 import keras
 
 from tpu_magic.core.errors import CheckpointError
-from tpu_magic.training.checkpoint_state import Checkpoint, restore
-from tpu_magic.training.checkpoint_store import CheckpointStore
+from tpu_magic.training.checkpoints.state import Checkpoint, restore
+from tpu_magic.training.checkpoints.store import CheckpointStore
 
 
 def open_store(directory: str, keep: int, resume: bool) -> CheckpointStore:

@@ -22,11 +22,11 @@ import numpy as np
 from tpu_magic.core.atomic import atomic_path
 from tpu_magic import backends
 from tpu_magic.core.errors import SyncError
-from tpu_magic.training import adapters as lora
-from tpu_magic.training.precision import float32_config
-from tpu_magic.training.rewrap import custom_objects_from, unbuildable
+from tpu_magic.training.sync import adapters as lora
+from tpu_magic.training.models.precision import float32_config
+from tpu_magic.training.models.rewrap import custom_objects_from, unbuildable
 from tpu_magic.core.variables import replica_weights
-from tpu_magic.training.sync_target import choose_model, copy_name
+from tpu_magic.training.sync.target import choose_model, copy_name
 
 WEIGHTS_SUFFIX = ".weights.h5"  # Keras 3 refuses any other ending for weights files
 PROBE_ROWS = 8

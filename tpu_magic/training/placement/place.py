@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable
 
 from tpu_magic.core.session import Connection
-from tpu_magic.training import memory_plan
+from tpu_magic.training.placement import memory_plan
 from tpu_magic.training.request import Shard, TrainRequest
 
 

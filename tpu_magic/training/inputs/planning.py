@@ -220,7 +220,7 @@ def remainder_for(model: Any, connection: Any, has_targets: bool) -> str:
     model's loss takes the padding mask (`exactness`), else "drop"."""
     if not pads(model, connection):
         return "short"
-    from tpu_magic.training import exactness
+    from tpu_magic.training.inputs import exactness
 
     return "pad" if exactness.masks_reach_loss(model, has_targets) else "drop"
 
