@@ -8,7 +8,7 @@ import pytest
 from tpu_magic.backends import choose_backend
 from tpu_magic.connecting import doctor
 from tpu_magic.connecting.connect import connect, imported_first
-from tpu_magic.core.errors import ConnectError
+from tpu_magic.core.errors import ConnectError, MissingDependencyError
 from tpu_magic.core.session import session
 from tpu_magic.core.target import MachineSigns
 
@@ -56,6 +56,60 @@ def test_impossible_backends_say_what_to_do(requested, imported, message):
     with pytest.raises(ConnectError, match=message.replace("(", r"\(").replace(")", r"\)")
                        .replace(".", r"\.")):
         choose_backend(requested, imported, {}, False, JAX)
+
+
+@pytest.mark.parametrize("requested, importable, command", [
+    ("tf", {"jax"}, "`pip install tensorflow`"),  # a [jax] install, Colab's TPU image
+    ("jax", {"tensorflow"}, '`pip install "tpu_magic[jax]"`'),
+])
+def test_a_backend_whose_framework_is_missing_is_one_line_naming_the_install_command(
+        requested, importable, command):
+    with pytest.raises(MissingDependencyError) as refused:
+        choose_backend(requested, None, {}, False, JAX, importable=frozenset(importable))
+    message = str(refused.value)
+    assert message.startswith(f"--backend {requested}: ") and command in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("configured, importable, env, backend, why", [
+    ("jax", {"jax", "tensorflow"}, {}, "jax", "keras.json names jax"),
+    # Keras writes its default there on its first import: no one chose it
+    ("tensorflow", {"jax", "tensorflow"}, {}, "tf", "the default"),
+    ("tensorflow", {"jax"}, {}, "jax", "TensorFlow cannot be imported here"),
+    ("jax", {"tensorflow"}, {}, "tf", "the default"),  # named, but JAX is not there
+    ("jax", {"jax", "tensorflow"}, {"KERAS_BACKEND": "tensorflow"}, "tf", "KERAS_BACKEND"),
+])
+def test_auto_follows_a_backend_keras_json_names_other_than_kerass_default(
+        configured, importable, env, backend, why):
+    choice = choose_backend("auto", None, env, False, JAX, importable=frozenset(importable),
+                            configured=configured)
+    assert choice.backend == backend and why in choice.reason
+
+
+@pytest.mark.parametrize("backend, env, configured, importable, later", [
+    # --backend jax beside TensorFlow: Keras wrote "tensorflow" on its first import
+    ("jax", {}, "tensorflow", {"jax", "tensorflow"}, "tensorflow"),
+    ("tf", {}, "jax", {"jax", "tensorflow"}, "jax"),
+    ("jax", {}, "jax", {"jax", "tensorflow"}, None),  # the same backend
+    ("jax", {}, "tensorflow", {"jax"}, None),  # %load_ext puts it right (no TensorFlow)
+    ("jax", {"KERAS_BACKEND": "jax"}, "tensorflow", {"jax", "tensorflow"}, None),  # user's
+    ("jax", {}, None, {"jax", "tensorflow"}, None),  # Keras could not write it
+    ("jax", {}, "torch", {"jax", "tensorflow"}, None),  # torch is not what it looks for
+])
+def test_a_later_sessions_keras_backend_is_said_where_keras_json_names_another(
+        backend, env, configured, importable, later):
+    from tpu_magic.backends import later_sessions_note
+
+    note = later_sessions_note(backend, env, configured, frozenset(importable),
+                               "~/.keras/keras.json")
+    if later is None:
+        assert note is None
+    else:
+        wanted = {"tf": "tensorflow", "jax": "jax"}[backend]
+        assert note == (f"~/.keras/keras.json names {later}, so a later session that imports "
+                        f"keras before %tpu_connect starts Keras on {later}; to make {wanted} "
+                        f'its default, set "backend": "{wanted}" there (or '
+                        f"KERAS_BACKEND={wanted})")
 
 
 @pytest.mark.parametrize("set_to, installed, tpu_vm, backend", [
@@ -124,6 +178,11 @@ def test_when_an_imported_tensorflow_keras_took_a_jax_tpu(imported, tpu_vm, inst
     (False, {"KERAS_BACKEND": "torch"}, None, {"jax"}, False),  # the user's choice stands
     (False, {}, "torch", {"jax"}, False),  # keras.json's too
     (False, {}, None, set(), False),  # no JAX either: nothing to choose
+    # keras.json names tensorflow because Keras wrote its default there on its first import
+    # (a [jax] install's second session): TensorFlow still cannot be imported
+    (False, {}, "tensorflow", {"jax"}, True),
+    (False, {}, "tensorflow", {"jax", "tensorflow"}, False),
+    (False, {}, "jax", {"jax"}, False),  # Keras takes JAX from keras.json by itself
 ])
 def test_load_ext_makes_jax_keras_default_only_where_tensorflow_cannot_be_imported(
         imported, env, configured, importable, jax_default):

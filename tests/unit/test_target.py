@@ -67,3 +67,21 @@ def test_auto_notes_obsolete_colab_tpu_addr_and_does_not_use_it():
 def test_auto_rejects_a_bad_tpu_name():
     with pytest.raises(AddressError):
         resolve_target("auto", {"TPU_NAME": "grpc://nohost"}, NONE)
+
+
+@pytest.mark.parametrize("env, devices, cause, fix", [
+    ({}, (), "No GPU is attached to this runtime (no /dev/nvidia* device files)",
+     "in Colab: Runtime > Change runtime type > a GPU"),
+    ({"COLAB_RELEASE_TAG": "x"}, (), "No GPU is attached", "Runtime > Change runtime type"),
+    ({"KAGGLE_KERNEL_RUN_TYPE": "Interactive"}, (), "No GPU is attached",
+     "Settings > Accelerator > a GPU"),
+    ({}, ("/dev/nvidia0",), "This machine has a GPU (/dev/nvidia0), but the installed JAX has "
+                            "no GPU support", '`pip install -U "jax[cuda12]"`'),
+])
+def test_no_gpu_names_its_real_cause_from_the_device_files(env, devices, cause, fix):
+    from tpu_magic.backends.jax.connect import GPU_BUILD
+    from tpu_magic.core.target import no_gpu_fix
+
+    text = no_gpu_fix("JAX", env, devices, GPU_BUILD)
+    assert text.startswith(cause) and fix in text
+    assert "not installed" not in text

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Collection, Iterable, Mapping
 
 from tpu_magic.core import process
-from tpu_magic.core.errors import ConnectError
+from tpu_magic.core.deps import JAX_FIX, TENSORFLOW_FIX
+from tpu_magic.core.errors import ConnectError, MissingDependencyError
 
 from tpu_magic.backends.protocol import Backend
 
@@ -30,6 +31,7 @@ KERAS_NAME = {"tf": "tensorflow", "jax": "jax"}  # each backend (as after --back
 BACKENDS = tuple(KERAS_NAME)
 _FROM_KERAS = {keras: name for name, keras in KERAS_NAME.items()}
 _TRAINS_WITH = " or ".join(KERAS_NAME.values())  # "tensorflow or jax", for messages
+_INSTALL = {"tf": TENSORFLOW_FIX, "jax": JAX_FIX}  # a backend's framework missing: the fix
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,8 @@ def imported_keras_backend() -> str | None:
 
 def choose_backend(requested: str, keras_backend: str | None, env: Mapping[str, str],
                    tpu_vm: bool, installed: Mapping[str, str],
-                   importable: Collection[str] | None = None) -> BackendChoice:
+                   importable: Collection[str] | None = None,
+                   configured: str | None = None) -> BackendChoice:
     """Decides the backend without importing anything.
 
     Args:
@@ -66,9 +69,13 @@ def choose_backend(requested: str, keras_backend: str | None, env: Mapping[str, 
         installed: installed package versions by distribution name.
         importable: which of "tensorflow" and "jax" can be imported (None: not known, as if
             both could).
+        configured: the backend keras.json names (`configured_keras_backend`), or None.
+            `auto` follows it where it names another than Keras's default, TensorFlow: Keras
+            writes its default there on its first import, so "tensorflow" is no one's choice.
 
     Raises:
         ConnectError: an unknown backend, or one that contradicts the imported keras.
+        MissingDependencyError: the backend asked for, whose framework cannot be imported.
     """
     wanted = requested.strip().lower()
     wanted = _FROM_KERAS.get(wanted, wanted)
@@ -87,12 +94,19 @@ def choose_backend(requested: str, keras_backend: str | None, env: Mapping[str, 
         from_env = _FROM_KERAS.get(set_in_env.lower())
         if from_env:
             return BackendChoice(from_env, f"KERAS_BACKEND={set_in_env}")
+        from_json = _FROM_KERAS.get(configured or "")
+        if not set_in_env and from_json and configured != KERAS_NAME["tf"] and (
+                importable is None or configured in importable):
+            return BackendChoice(from_json, f"keras.json names {configured}")
         choice = _auto(tpu_vm, installed, importable)
         if set_in_env:  # e.g. torch, a common Colab GPU setting: said, not silently replaced
             return BackendChoice(choice.backend, f"KERAS_BACKEND={set_in_env} is set, but "
                                  f"tpu_magic trains with {_TRAINS_WITH}, so it uses "
                                  f"{KERAS_NAME[choice.backend]} ({choice.reason})")
         return choice
+    if importable is not None and not imported and KERAS_NAME[wanted] not in importable:
+        raise MissingDependencyError(f"--backend {wanted}: " + _INSTALL.get(
+            wanted, f"{KERAS_NAME[wanted]} cannot be imported here."))
     if imported and imported != wanted:
         raise ConnectError(
             f"keras is already imported with the {keras_backend} backend, and a running process "
@@ -148,21 +162,41 @@ def importable_modules(names: Iterable[str] = ("tensorflow", "jax")) -> frozense
 def keras_default_is_jax(keras_imported: bool, env: Mapping[str, str],
                          configured: str | None, importable: Collection[str]) -> bool:
     """Whether `%load_ext tpu_magic` makes JAX Keras's backend: Keras is not imported yet,
-    nothing names its backend (`KERAS_BACKEND`, keras.json's `configured`), and TensorFlow,
-    Keras's default, cannot be imported while JAX can (Colab's TPU image, a `[jax]`
-    install). Then `import keras` before `%tpu_connect` works, as it does where TF is."""
+    `KERAS_BACKEND` is not set, keras.json (`configured`) names no backend or names
+    TensorFlow, and TensorFlow cannot be imported while JAX can (Colab's TPU image, a `[jax]`
+    install). Then `import keras` before `%tpu_connect` works, as it does where TF is.
+
+    keras.json naming TensorFlow is no choice of the user's there: Keras writes it, with
+    its default backend, on its first import, whatever `KERAS_BACKEND` says, so a `[jax]`
+    install's second session would otherwise start Keras on a TensorFlow it cannot import.
+    """
     return (not keras_imported and not env.get("KERAS_BACKEND", "").strip()
-            and not configured and "tensorflow" not in importable and "jax" in importable)
+            and configured in (None, "tensorflow") and "tensorflow" not in importable
+            and "jax" in importable)
+
+
+def keras_json(env: Mapping[str, str], shown: bool = False) -> str:
+    """Where Keras keeps its configuration: `$KERAS_HOME/keras.json`, else ~/.keras/keras.json
+    (/tmp/.keras where the home cannot be written, as Keras decides); `shown`: the home
+    written as ~, for a message."""
+    import os
+
+    home = env.get("KERAS_HOME")
+    base = os.path.expanduser("~")
+    if not home:
+        home = os.path.join(base if os.access(base, os.W_OK) else "/tmp", ".keras")
+    path = os.path.join(home, "keras.json")
+    if shown and base != os.sep and path.startswith(base + os.sep):
+        return "~" + path[len(base):]
+    return path
 
 
 def configured_keras_backend(env: Mapping[str, str]) -> str | None:
-    """The backend keras.json names (`$KERAS_HOME`, else ~/.keras), or None."""
+    """The backend keras.json names (see `keras_json`), or None."""
     import json
-    import os
 
-    home = env.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
     try:
-        with open(os.path.join(home, "keras.json")) as handle:
+        with open(keras_json(env)) as handle:
             return json.load(handle).get("backend") or None
     except (OSError, ValueError, AttributeError):
         return None
@@ -172,13 +206,35 @@ def default_keras_to_jax() -> str | None:
     """Sets `KERAS_BACKEND=jax` where `keras_default_is_jax`; returns the line saying so."""
     import os
 
-    if not keras_default_is_jax("keras" in sys.modules, os.environ,
-                                configured_keras_backend(os.environ), importable_modules()):
+    configured = configured_keras_backend(os.environ)
+    if not keras_default_is_jax("keras" in sys.modules, os.environ, configured,
+                                importable_modules()):
         return None
-    process.set_environment("KERAS_BACKEND", "jax", "TensorFlow, Keras's default backend, "
-                            "cannot be imported here and JAX can")
+    process.set_environment("KERAS_BACKEND", "jax", "TensorFlow, Keras's backend by default "
+                            "or by keras.json, cannot be imported here and JAX can")
+    if configured:
+        return (f"tpu_magic: Keras will run on JAX (KERAS_BACKEND=jax): "
+                f"{keras_json(os.environ, shown=True)}"
+                " names tensorflow, which cannot be imported here (to make JAX Keras's "
+                'default without tpu_magic too, set "backend": "jax" there)')
     return ("tpu_magic: Keras will run on JAX (KERAS_BACKEND=jax): TensorFlow, its default, "
             "cannot be imported here")
+
+
+def later_sessions_note(backend: str, users_env: Mapping[str, str], configured: str | None,
+                        importable: Collection[str], path: str) -> str | None:
+    """What a later session's `import keras` before `%tpu_connect` would start Keras on, where
+    that differs from `backend` (the one this connection runs): keras.json (at `path`) names
+    another backend that can be imported there, and `KERAS_BACKEND` (`users_env`: as the user
+    set it, not tpu_magic) does not override it. None where nothing differs, or where
+    `%load_ext tpu_magic` already puts it right (`keras_default_is_jax`)."""
+    wanted = KERAS_NAME[backend]
+    if users_env.get("KERAS_BACKEND", "").strip() or configured is None or \
+            configured == wanted or configured not in importable:
+        return None
+    return (f"{path} names {configured}, so a later session that imports keras before "
+            f"%tpu_connect starts Keras on {configured}; to make {wanted} its default, set "
+            f'"backend": "{wanted}" there (or KERAS_BACKEND={wanted})')
 
 
 def select(choice: BackendChoice) -> None:

@@ -15,7 +15,8 @@ from typing import Any, Callable, Mapping
 
 from tpu_magic import backends
 from tpu_magic.connecting import doctor, probe
-from tpu_magic.backends import choose_backend, imported_keras_backend, importable_modules, select
+from tpu_magic.backends import choose_backend, configured_keras_backend, imported_keras_backend, \
+    importable_modules, keras_json, later_sessions_note, select
 from tpu_magic.core.deps import installed_versions
 from tpu_magic.core.errors import AddressError, ConnectError, MissingDependencyError
 from tpu_magic.core import process
@@ -139,8 +140,9 @@ def _connect(target: str, simulate: int | None, timeout: float, backend: str,
     # a KERAS_BACKEND tpu_magic set itself (`%load_ext`, an earlier connect) is not the user's
     users = {k: v for k, v in env.items()
              if not (k == "KERAS_BACKEND" and k in process.ENVIRONMENT_SET)}
+    importable = importable_modules()
     choice = choose_backend(backend, imported_keras_backend(), users, signs.tpu_vm,
-                            installed, importable_modules())
+                            installed, importable, configured_keras_backend(env))
     chosen_backend = backends.get(choice.backend)
     if choice.reason != "the default":
         chosen = Target(chosen.kind, chosen.address, f"{chosen.reason}; Keras on "
@@ -164,6 +166,11 @@ def _connect(target: str, simulate: int | None, timeout: float, backend: str,
         compile_cache=compile_cache, env=env,
         probe_node=lambda node: _probe_node(node, timeout, probe_tf))
     process.set_connection(new)
+    # read after connecting: Keras writes keras.json, with its default, on its first import
+    later = later_sessions_note(choice.backend, users, configured_keras_backend(env),
+                                importable, keras_json(env, shown=True))
+    if later:
+        chosen = Target(chosen.kind, chosen.address, chosen.reason, chosen.notes + (later,))
     return _result(new, chosen, start)
 
 

@@ -52,6 +52,26 @@ def no_tpu_fix(env: Mapping[str, str], rehearse: str = REHEARSE) -> str:
     return fix.replace(REHEARSE, rehearse)
 
 
+def no_gpu_fix(framework: str, env: Mapping[str, str], gpu_devices: tuple[str, ...],
+               gpu_build: str) -> str:
+    """Why `framework` ("JAX", "TensorFlow") finds no GPU, from the machine's GPU device
+    files: none (the platform's menu, where the environment names it), or a GPU that the
+    installed build cannot use (`gpu_build`: the install command of one that can)."""
+    if gpu_devices:
+        return (f"This machine has a GPU ({', '.join(gpu_devices[:3])}), but the installed "
+                f"{framework} has no GPU support: {gpu_build}, then restart the runtime.")
+    if "KAGGLE_KERNEL_RUN_TYPE" in env or "KAGGLE_URL_BASE" in env:
+        menu = "Settings > Accelerator > a GPU"
+    elif "COLAB_RELEASE_TAG" in env or "COLAB_GPU" in env:
+        menu = "Runtime > Change runtime type > a GPU"
+    else:
+        menu = "in Colab: Runtime > Change runtime type > a GPU; on Kaggle: Settings > " \
+               "Accelerator > a GPU"
+    return (f"No GPU is attached to this runtime (no /dev/nvidia* device files): {menu}, "
+            "then run the notebook again. Without one: `%tpu_connect cpu`, or "
+            "`%tpu_connect --simulate 8` to rehearse a TPU.")
+
+
 @dataclass(frozen=True)
 class Target:
     """A validated connect target.

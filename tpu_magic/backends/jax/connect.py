@@ -15,10 +15,10 @@ from typing import Any, Callable, Iterator, Mapping
 from tpu_magic.backends.jax import compile_cache as cache
 from tpu_magic.backends.protocol import Backend
 from tpu_magic.core import process
-from tpu_magic.core.deps import JAX_FIX, installed_versions, require_jax
+from tpu_magic.core.deps import installed_versions, require_jax
 from tpu_magic.core.errors import ConnectError
 from tpu_magic.core.session import Connection
-from tpu_magic.core.target import Target, no_tpu_fix
+from tpu_magic.core.target import Target, no_gpu_fix, no_tpu_fix, read_machine_signs
 
 _DEVICE_COUNT = re.compile(r"--xla_force_host_platform_device_count=\d+")
 # A simulated device is a thread of the host: on a loaded CPU (two cores running eight
@@ -28,6 +28,7 @@ _DEVICE_COUNT = re.compile(r"--xla_force_host_platform_device_count=\d+")
 COLLECTIVE_WAIT = "--xla_cpu_collective_call_terminate_timeout_seconds"
 COLLECTIVE_WAIT_SECONDS = 600
 _COLLECTIVE_WAIT_FROM = (0, 8, 0)
+GPU_BUILD = '`pip install -U "jax[cuda12]"`'  # JAX with its CUDA plugin
 
 
 def connect(backend: Backend, chosen: Target, simulate: int | None, explicit_gpu: bool,
@@ -96,13 +97,14 @@ def _devices_of(jax: Any, chosen: Target, explicit_gpu: bool, env: Mapping[str, 
     except RuntimeError as exc:
         if kind == "gpu" and not explicit_gpu:  # auto saw GPU device files JAX cannot use
             chosen = Target("cpu", None, f"{chosen.reason}, but JAX has no GPU backend "
-                                         "(`pip install \"jax[cuda12]\"`)", chosen.notes)
+                                         f"({GPU_BUILD})", chosen.notes)
             kind, devices = "cpu", jax.devices("cpu")
         else:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else said()
             raise ConnectError(f"JAX finds no {kind.upper()} here ({first}). "
-                               + (no_tpu_fix(env, _rehearsal_from_here(jax))
-                                  if kind == "tpu" else JAX_FIX)) from None
+                               + (no_tpu_fix(env, _rehearsal_from_here(jax)) if kind == "tpu"
+                                  else no_gpu_fix("JAX", env, read_machine_signs().gpu_devices,
+                                                  GPU_BUILD))) from None
     if kind == "cpu":
         devices = devices[:1]
     return chosen, kind, devices

@@ -8,7 +8,6 @@ from __future__ import annotations
 import concurrent.futures
 from typing import Any, Callable, Iterator
 
-import keras
 import numpy as np
 
 from tpu_magic.backends.tf.variables import reading, replica_values
@@ -49,6 +48,8 @@ def _one_device_steps(model: Any, before: StepState, batches: list,
             raise ValueError("the copy's optimizer does not hold the model's state")
         for variable, value in zip(copy.optimizer.variables, before.optimizer):
             variable.assign(value)
+    import keras
+
     # Keras's own `fit` over exactly these batches, as it hands them to a step ((x, y)
     # without a weight: a custom `train_step` may unpack two), and its epoch's logs; not a
     # class's own `fit` (a KerasHub task's would prepare the prepared batches again)
