@@ -492,6 +492,14 @@ def test_a_failed_tpu_connect_advises_a_rehearsal_line_that_works_next(ip):
     assert tpu_magic.session().replicas == 8
 
 
+def test_no_tpu_on_colab_is_said_once_not_again_by_the_doctor(ip, monkeypatch):
+    monkeypatch.setenv("COLAB_RELEASE_TAG", "release-colab")
+    with pytest.raises(UsageError, match="No TPU is attached to this Colab runtime") as failed:
+        ip.run_line_magic("tpu_connect", "local --backend jax --no-panel")
+    assert str(failed.value).lower().count("no tpu is attached") == 1, str(failed.value)
+    ip.run_line_magic("tpu_connect", "--backend jax --simulate 8 --no-panel")
+
+
 def test_kerashub_dict_inputs_get_tokens_per_second_from_their_padding_mask(ip, caplog):
     # KerasHub's task makes a dataset of the arrays itself: the tokens are read off the first
     # batch Keras takes, and counted by the padding mask (ids here are non-zero everywhere).

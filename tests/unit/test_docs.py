@@ -52,3 +52,27 @@ def test_the_readme_is_short_and_its_links_lead_somewhere():
     for link in re.findall(r"\]\(([^)#]+)\)", text):
         if not link.startswith("http"):
             assert (ROOT / link).exists(), link
+
+
+def test_the_doctor_guide_shows_what_the_doctor_prints():
+    import os
+    import subprocess
+    import sys
+
+    from tpu_magic.core.target import read_machine_signs
+
+    guide = (ROOT / "docs" / "guides" / "doctor.md").read_text()
+    shown = re.search(r"```text\n(The runtime doctor\n.*?)```", guide, re.S).group(1)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("COLAB_", "KAGGLE_"))} | {"COLAB_RELEASE_TAG": "release-colab"}
+    printed = subprocess.run([sys.executable, "-m", "tpu_magic.connecting.doctor", "--tpu"],
+                             capture_output=True, text=True, timeout=60, cwd=ROOT,
+                             env=env).stdout
+    # the installed versions are this machine's; every other line is what the doctor says
+    def same(text):
+        return [line for line in text.splitlines() if not line.startswith("  installed: ")]
+
+    signs = read_machine_signs()
+    if signs.tpu_vm or signs.gpu_devices:
+        pytest.skip("the guide's example is a machine without a TPU or GPU")
+    assert same(shown) == same(printed), printed

@@ -78,3 +78,36 @@ def test_a_failed_connect_says_what_the_doctor_finds(monkeypatch):
     assert str(error.value).startswith("no TPU is attached (local)")
     assert "doctor: no TPU is attached to this Colab runtime: Runtime > Change runtime type" \
         in str(error.value)
+
+
+def test_the_doctor_does_not_repeat_what_the_message_already_says():
+    colab = Runtime(env={"COLAB_RELEASE_TAG": "x"}, installed=COLAB_TPU)
+    findings = diagnose(colab, backend="jax", wants_tpu=True)
+    assert findings  # on its own, the doctor names the missing TPU
+    said = ("JAX finds no TPU here (Unable to initialize backend 'tpu'). No TPU is attached "
+            "to this Colab runtime: Runtime > Change runtime type > a TPU, then run the "
+            "notebook again.")
+    assert report(findings, said) == ""
+    assert report(findings, "something else").count("no TPU is attached") == 1
+
+
+def test_the_doctor_runs_on_its_own_and_says_what_it_looked_at():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("COLAB_", "KAGGLE_"))} | {"COLAB_RELEASE_TAG": "release-colab"}
+    done = subprocess.run([sys.executable, "-m", "tpu_magic.connecting.doctor", "--tpu"],
+                          capture_output=True, text=True, timeout=60, cwd=root, env=env)
+    lines = done.stdout.splitlines()
+    assert lines[0] == "The runtime doctor" and lines[1].startswith("  machine: "), done.stdout
+    assert "; a Colab runtime" in lines[1] and lines[2].startswith("  installed: ")
+    from tpu_magic.core.target import read_machine_signs
+
+    if not read_machine_signs().tpu_vm:
+        assert ("  doctor: no TPU is attached to this Colab runtime: Runtime > Change runtime "
+                "type > TPU, then run the notebook again") in lines
+        assert done.returncode == 1  # a finding: a script can tell
+    assert done.stderr == ""

@@ -111,9 +111,10 @@ def connect(
         findings = doctor.diagnose(doctor.read_runtime(signs.tpu_vm, bool(signs.gpu_devices), env),
                                    backend=None if backend == "auto" else backend,
                                    wants_tpu=wants_tpu)
-        if not findings:
+        said = doctor.report(findings, str(exc))
+        if not said:
             raise
-        raise type(exc)(str(exc) + doctor.report(findings)) from None
+        raise type(exc)(str(exc) + said) from None
 
 
 def _connect(target: str, simulate: int | None, timeout: float, backend: str,

@@ -3,7 +3,8 @@
 Pure logic over a `Runtime` (the environment, the installed and imported packages, the
 machine's signs); `read_runtime` gathers one from this process without importing anything
 heavy. `%tpu_connect --check` prints the findings, and a failed connect appends them to
-its message. The traps come from the runtimes' published package lists and issue threads:
+its message. On its own, `python -m tpu_magic.connecting.doctor [--tpu] [--backend tf|jax]`
+(in a notebook, `examine()`) prints what it looked at and what it found. The traps come from the runtimes' published package lists and issue threads:
 keras-team/keras#19423 (the backend is fixed when keras is imported), jax-ml/jax#13260
 (TensorFlow imported first takes the TPU from JAX), jax-ml/jax#10192 (a libtpu lock held by
 another process), and JAX's GPU memory preallocation (75 % by default) beside TensorFlow.
@@ -11,6 +12,7 @@ another process), and JAX's GPU memory preallocation (75 % by default) beside Te
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from dataclasses import dataclass, field
@@ -185,6 +187,75 @@ def lock_holder(lock: str = LIBTPU_LOCK, proc: Path = Path("/proc")) -> str | No
     return None
 
 
-def report(findings: tuple[Finding, ...]) -> str:
-    """The findings as lines for a message ("" when there are none)."""
-    return "".join(f"\n  doctor: {f}" for f in findings)
+def report(findings: tuple[Finding, ...], said: str = "") -> str:
+    """The findings as lines for a message ("" when there are none), leaving out those the
+    message (`said`) already names: a failed connect's own reason on Colab is "No TPU is
+    attached to this Colab runtime", which the doctor would only repeat."""
+    told = said.lower()
+    return "".join(f"\n  doctor: {f}" for f in findings if f.situation.lower() not in told)
+
+
+@dataclass(frozen=True)
+class Examination:
+    """The doctor run on its own: what it looked at, the version warnings, the findings."""
+
+    runtime: Runtime
+    machine: str
+    warnings: tuple[str, ...]
+    findings: tuple[Finding, ...]
+
+    def summary(self) -> str:
+        runtime = self.runtime
+        installed = ", ".join(f"{k} {v}" for k, v in runtime.installed.items()) or "none"
+        imported = ", ".join(sorted(runtime.imported)) or "none of tensorflow, jax, keras"
+        if runtime.keras_backend:
+            imported += f" (keras on {runtime.keras_backend})"
+        lines = ["The runtime doctor", f"  machine: {self.machine}",
+                 f"  installed: {installed}", f"  imported here: {imported}"]
+        lines += [f"  warning: {w}" for w in self.warnings]
+        lines += [f"  doctor: {f}" for f in self.findings]
+        if not self.warnings and not self.findings:
+            lines.append("  no known trap found")
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, p, cycle):  # IPython display
+        p.text(self.summary())
+
+
+def examine(backend: str | None = None, wants_tpu: bool = False,
+            env: Mapping[str, str] | None = None) -> Examination:
+    """The doctor on this process and machine, as `%tpu_connect --check` runs it, without
+    connecting: `backend` ("tf", "jax"), where one is meant; `wants_tpu`, where a TPU is."""
+    from tpu_magic.core.deps import version_warnings
+    from tpu_magic.core.target import read_machine_signs
+
+    signs = read_machine_signs()
+    runtime = read_runtime(signs.tpu_vm, bool(signs.gpu_devices), env)
+    tpu = (f"a TPU VM ({', '.join((signs.accel_devices + signs.vfio_groups)[:3]) or 'libtpu'})"
+           if signs.tpu_vm else "no TPU VM signs (/dev/accel*, /dev/vfio, libtpu)")
+    gpu = (f"GPU device files {', '.join(signs.gpu_devices[:3])}" if signs.gpu_devices
+           else "no GPU device files (/dev/nvidia*)")
+    service = notebook_service(runtime.env)
+    machine = f"{tpu}; {gpu}" + (f"; a {service} runtime" if service else "")
+    return Examination(runtime, machine, tuple(version_warnings(runtime.installed)),
+                       diagnose(runtime, backend=backend, wants_tpu=wants_tpu))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m tpu_magic.connecting.doctor`: prints the examination; exits 1 on a finding."""
+    parser = argparse.ArgumentParser(
+        prog="python -m tpu_magic.connecting.doctor",
+        description="The known traps of this runtime (TPU, GPU, notebook images), each with "
+                    "its fix. A process of its own imports nothing of the notebook's: there, "
+                    "`%tpu_connect --check` (or doctor.examine()) also sees its imports.")
+    parser.add_argument("--tpu", action="store_true", help="you mean to train on a TPU here")
+    parser.add_argument("--backend", choices=("tf", "jax"),
+                        help="the Keras backend you mean to use")
+    args = parser.parse_args(argv)
+    found = examine(args.backend, args.tpu)
+    print(found.summary())
+    return 1 if found.findings else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
