@@ -157,6 +157,30 @@ def test_a_dataset_on_hosts_gives_one_processs_numbers(ip, hosts):
         assert report.evaluations[0][key] == pytest.approx(value, rel=1e-5), key
 
 
+def test_a_cell_calling_open_and_the_shells_own_names_uses_each_hosts_own(ip, hosts, tmp_path):
+    # issue 50: the notebook's namespace holds IPython's own `open` (and `exit`, `get_ipython`,
+    # `In`): sent to the hosts, `open` failed on every host ("NameError: name 'io_open' is not
+    # defined"). Each host keeps its own; a value the user binds to such a name is sent.
+    cell = ("import jax\n"
+            f"path = {str(tmp_path)!r} + f'/host{{jax.process_index()}}.txt'\n"
+            "with open(path, 'w') as f:\n"
+            "    f.write('written on ' + type(get_ipython()).__name__)\n"
+            "print('read back:', open(path).read(), callable(exit), len(In) > 0)\n")
+    train(ip, cell)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["host0.txt", "host1.txt"]
+    outputs = tpu_magic.hosts_outputs()
+    shell = type(ip).__name__  # the notebook's, which no host may use
+    assert all("read back: written on " in text and shell not in text and "True True" in text
+               for text in outputs.values()), outputs
+    ip.run_cell("def open(path, mode='r'):\n    return 'the users own open'")
+    try:
+        train(ip, "print('opened:', open('nothing-here'))")
+    finally:
+        ip.run_cell("del open")
+    assert all("opened: the users own open" in text
+               for text in tpu_magic.hosts_outputs().values())
+
+
 KERASHUB_INPUTS = """
 import grain
 keras.utils.set_random_seed(4)

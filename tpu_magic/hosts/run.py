@@ -25,12 +25,19 @@ from tpu_magic.hosts.progress import MirroredBars, StallWatch
 from tpu_magic.training.cell_code import names_in
 
 POLL = 0.2  # seconds between looks at the engines
-_SHELL_NAMES = {"In", "Out", "get_ipython", "exit", "quit"}
+# what IPython puts in every shell's namespace itself (`InteractiveShell.init_user_ns`), where
+# the notebook's shell does not say (`train`'s `shell_own`)
+_SHELL_NAMES = {"In", "Out", "get_ipython", "exit", "quit", "open"}
 
 
 def train(hosts: Hosts, line: str, cell: str, namespace: MutableMapping[str, Any],
-          bar_class: Callable[..., Any] | None, progress: bool = True) -> Any:
+          bar_class: Callable[..., Any] | None, progress: bool = True,
+          shell_own: Mapping[str, Any] | None = None) -> Any:
     """Runs the cell on every host; returns process 0's `TrainReport`.
+
+    `shell_own`: what the notebook's shell put in `namespace` itself (IPython's
+    `user_ns_hidden`: its `open`, `exit`, `get_ipython`, `In`, ...): never sent, since every
+    host's shell has its own (see `_shells_own`).
 
     Raises:
         HostsError: a host's process ended, values could not be sent, or the cell failed
@@ -38,7 +45,7 @@ def train(hosts: Hosts, line: str, cell: str, namespace: MutableMapping[str, Any
     """
     ids = [e.engine_id for e in hosts.engines]
     view = hosts.client[ids]
-    _send(view, hosts, names_in(cell), namespace)
+    _send(view, hosts, names_in(cell), namespace, shell_own)
     result = view.apply_async(engine.run_cell, line, cell, _draw_seed())
     bars = MirroredBars(bar_class if progress else None)
     watch = StallWatch(len(ids), hosts.timeout, time.monotonic())
@@ -109,11 +116,14 @@ def _stuck_message(hosts: Hosts, stuck: list[int]) -> str:
             "--timeout")
 
 
-def _send(view: Any, hosts: Hosts, names: set[str], namespace: MutableMapping[str, Any]) -> None:
-    """The values the cell names, to every host: modules as imports, the rest pickled."""
+def _send(view: Any, hosts: Hosts, names: set[str], namespace: MutableMapping[str, Any],
+          shell_own: Mapping[str, Any] | None = None) -> None:
+    """The values the cell names, to every host: modules as imports, the rest pickled; the
+    shell's own names stay each host's own."""
     imports, values = [], {}
     for name in sorted(names):
-        if name.startswith("_") or name in _SHELL_NAMES or name not in namespace:
+        if name.startswith("_") or name not in namespace or \
+                _shells_own(name, namespace[name], shell_own):
             continue
         value = namespace[name]
         if _framework_object(value):  # a model here is not the hosts' (they hold their own)
@@ -132,6 +142,16 @@ def _send(view: Any, hosts: Hosts, names: set[str], namespace: MutableMapping[st
         raise HostsError(f"could not send {', '.join(sorted(values)) or 'the imports'} to the "
                          f"hosts within {hosts.timeout:g} s ({str(exc).splitlines()[0]}); build "
                          "what cannot be pickled inside the cell") from None
+
+
+def _shells_own(name: str, value: Any, shell_own: Mapping[str, Any] | None) -> bool:
+    """Whether `name` holds what the notebook's shell itself put there (`shell_own`, else the
+    names IPython always puts). Sent, IPython's `open` failed on every host (pickled by value,
+    its module's `io_open` missing there: "NameError: name 'io_open' is not defined"); each
+    host's shell has its own. A value the user bound to such a name is theirs, and is sent."""
+    if shell_own is not None and name in shell_own:
+        return shell_own[name] is value
+    return name in _SHELL_NAMES
 
 
 def _framework_object(value: Any) -> bool:

@@ -330,7 +330,8 @@ class TpuMagics(Magics, Configurable):
         from tpu_magic.hosts import run
 
         self.workspace.report = run.train(hosts, line, cell, self.shell.user_ns,
-                                          _progress_bar(), progress=not no_progress)
+                                          _progress_bar(), progress=not no_progress,
+                                          shell_own=self.shell.user_ns_hidden)
         return self.workspace.report
 
     @line_magic("tpu_train")
