@@ -11,13 +11,17 @@ Exits 1 if any cell of any notebook produced an error output, or framework log n
 """
 
 import argparse
+import os
 import re
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
+from traitlets.config import Config
 
 
 def set_parameters(notebook, overrides):
@@ -60,6 +64,15 @@ def out_of_range(printed, expect):
     return None
 
 
+def kernel_config(sockets):
+    """The kernel's channels as Unix sockets in the folder `sockets` (Windows has none: TCP
+    there): over TCP, ipykernel 7 prints `[IPKernelApp] WARNING | Kernel is running over TCP
+    without encryption` on every start, into the run's log."""
+    if os.name == "nt":
+        return Config()
+    return Config({"KernelManager": {"transport": "ipc", "ip": os.path.join(sockets, "kernel")}})
+
+
 def run(path, overrides, timeout, save=None, expect=None):
     """Executes one notebook; prints its outputs; returns the number of error outputs
     (framework log noise in an output counts as one, and so does a figure outside the
@@ -67,9 +80,14 @@ def run(path, overrides, timeout, save=None, expect=None):
     notebook = nbformat.read(path, as_version=4)
     set_parameters(notebook, overrides)
     start = time.perf_counter()
-    client = NotebookClient(notebook, timeout=timeout, kernel_name="python3",
-                            allow_errors=True, resources={"metadata": {"path": "."}})
-    client.execute()
+    sockets = tempfile.mkdtemp(prefix="tpu_magic-kernel-")
+    try:
+        client = NotebookClient(notebook, timeout=timeout, kernel_name="python3",
+                                allow_errors=True, resources={"metadata": {"path": "."}},
+                                config=kernel_config(sockets))
+        client.execute()
+    finally:
+        shutil.rmtree(sockets, ignore_errors=True)
     errors, printed = 0, []
     for index, cell in enumerate(notebook.cells):
         if cell.cell_type != "code":

@@ -36,3 +36,22 @@ def test_a_printed_figure_outside_its_stated_range_fails_the_run():
     assert "outside the stated range 0.5-0.7" in module.out_of_range(
         "CPU copy: test accuracy 0.270 on 300 images", expect)
     assert "nothing printed matches" in module.out_of_range("no figure", expect)
+
+
+def test_a_notebook_run_prints_no_kernel_transport_warning(tmp_path):
+    # ipykernel 7 warns "Kernel is running over TCP without encryption" on every TCP start
+    import subprocess
+    import sys
+
+    import nbformat
+
+    notebook = tmp_path / "one_cell.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(6 * 7)")]),
+                   notebook)
+    runner = Path(__file__).resolve().parents[2] / "examples" / "run_notebook.py"
+    done = subprocess.run([sys.executable, str(runner), str(notebook)], capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path)
+    seen = done.stdout + done.stderr
+    assert done.returncode == 0 and "[cell 0] 42" in seen, seen
+    assert "IPKernelApp" not in seen and "without encryption" not in seen, seen
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["one_cell.ipynb"]  # no socket left
