@@ -21,6 +21,7 @@ from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
+from nbclient.exceptions import DeadKernelError
 from traitlets.config import Config
 
 
@@ -76,16 +77,18 @@ def kernel_config(sockets):
 def run(path, overrides, timeout, save=None, expect=None):
     """Executes one notebook; prints its outputs; returns the number of error outputs
     (framework log noise in an output counts as one, and so does a figure outside the
-    range `expect` states: see `out_of_range`)."""
+    range `expect` states, see `out_of_range`, and a kernel that died)."""
     notebook = nbformat.read(path, as_version=4)
     set_parameters(notebook, overrides)
     start = time.perf_counter()
-    sockets = tempfile.mkdtemp(prefix="tpu_magic-kernel-")
+    sockets, died = tempfile.mkdtemp(prefix="tpu_magic-kernel-"), False
     try:
         client = NotebookClient(notebook, timeout=timeout, kernel_name="python3",
                                 allow_errors=True, resources={"metadata": {"path": "."}},
                                 config=kernel_config(sockets))
         client.execute()
+    except DeadKernelError:  # the outputs so far are printed, and the run fails
+        died = True
     finally:
         shutil.rmtree(sockets, ignore_errors=True)
     errors, printed = 0, []
@@ -101,6 +104,9 @@ def run(path, overrides, timeout, save=None, expect=None):
             if output.output_type == "stream" and NOISE.search(output.text):
                 errors += 1
                 print(f"[cell {index}] framework log noise in the cell's output (above)")
+    if died:
+        errors += 1
+        print(f"{path}: the kernel died")
     missed = out_of_range("\n".join(printed), expect) if expect else None
     if missed:
         errors += 1

@@ -5,6 +5,7 @@ engine 0 as its coordinator. Everything that waits on an engine is bounded by `t
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import signal
@@ -102,7 +103,9 @@ class Hosts:
 
     def stop(self) -> None:
         """Ends a cluster started here (its engines first: they may wait in a collective on
-        a dead peer, which no request reaches); leaves one that was running."""
+        a dead peer, which no request reaches); leaves one that was running. Also run when
+        the notebook's process exits (`start_local` registers it)."""
+        atexit.unregister(self.stop)
         try:
             self.client.close()
         except Exception:  # noqa: BLE001 - a client of a dead hub
@@ -143,7 +146,12 @@ def start_local(hosts: int, devices: int, timeout: float) -> Hosts:
                          f"start within {timeout:g} s ({exc}); raise --timeout, or check "
                          "`ipcluster` works here") from None
     coordinator = f"127.0.0.1:{_free_port()}"
-    return _join(client, cluster, sorted(client.ids)[:hosts], coordinator, devices, timeout)
+    started = _join(client, cluster, sorted(client.ids)[:hosts], coordinator, devices, timeout)
+    # the engines end with this process: at its exit, before ipyparallel's own slower stop
+    # (a kernel's runner kills it a few seconds into its shutdown), and, where it is killed
+    # outright, by themselves (`engine.end_with_parent`)
+    atexit.register(started.stop)
+    return started
 
 
 def attach(name: str, timeout: float) -> Hosts:
@@ -174,8 +182,12 @@ def _join(client: Any, cluster: Any, ids: list[int], coordinator: str, devices: 
           timeout: float) -> Hosts:
     from tpu_magic.hosts import engine
 
+    # engines started here end with this process, and end the controller it started
+    here = os.getpid() if cluster is not None else None
+    controller = getattr(getattr(cluster, "controller", None), "pid", None)
     pending = [client[i].apply_async(engine.join, index, len(ids), coordinator, devices,
-                                     timeout) for index, i in enumerate(ids)]
+                                     timeout, here, controller)
+               for index, i in enumerate(ids)]
     deadline = time.monotonic() + timeout + 10
     joined, missing = [], []
     for index, (engine_id, result) in enumerate(zip(ids, pending)):

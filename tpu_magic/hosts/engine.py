@@ -27,8 +27,13 @@ def coordinator_address() -> str:
 
 
 def join(index: int, count: int, coordinator: str, local_devices: int | None,
-         timeout: float) -> dict:
+         timeout: float, notebook_pid: int | None = None,
+         controller_pid: int | None = None) -> dict:
     """Joins the JAX run as process `index` of `count` and loads tpu_magic in this engine.
+
+    `notebook_pid`, `controller_pid`: the notebook's process and the cluster's controller,
+    for engines the notebook started (`--simulate HxD`): such an engine ends when the
+    notebook's process does, and ends the controller (see `end_with_parent`).
 
     Returns:
         {"index", "host", "pid", "devices"}: for the connect summary and the liveness checks.
@@ -37,6 +42,9 @@ def join(index: int, count: int, coordinator: str, local_devices: int | None,
 
     from tpu_magic.backends.jax.processes import join_processes
     from tpu_magic.core import process
+
+    if notebook_pid is not None:
+        end_with_parent(notebook_pid, controller_pid)
 
     process.set_environment(PROGRESS_VARIABLE, "1", "this engine's bars are drawn in the "
                             "notebook (hosts.progress)")
@@ -48,6 +56,43 @@ def join(index: int, count: int, coordinator: str, local_devices: int | None,
 
     return {"index": index, "host": socket.gethostname(), "pid": os.getpid(),
             "devices": jax.local_device_count(), "global": connection.replicas}
+
+
+def end_with_parent(parent: int, controller: int | None = None, every: float = 1.0) -> bool:
+    """Ends this engine's process when `parent`, the notebook's kernel that started it, is
+    gone, and asks the cluster's `controller` (its pid; the kernel started it too) to end:
+    a kernel killed (a restart, a runner's shutdown past its wait) runs no clean-up of its
+    own, and its engines (about 750 MB each) and controller would live on, their parent pid
+    1. Watched by a daemon thread; returns whether it watches (only where `parent` is this
+    engine's parent, as for the local engines of `--simulate HxD`)."""
+    import signal
+    import threading
+    import time
+
+    if os.getppid() != parent:
+        return False
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every)
+        if controller is not None and _is_ipyparallel(controller):
+            try:
+                os.kill(controller, signal.SIGTERM)  # it ends its schedulers itself
+            except OSError:
+                pass
+        os._exit(0)  # the nanny ipyparallel gives an engine sees it go, and ends too
+
+    threading.Thread(target=watch, name="tpu_magic-end-with-notebook", daemon=True).start()
+    return True
+
+
+def _is_ipyparallel(pid: int) -> bool:
+    """Whether `pid` is still one of ipyparallel's processes (not a reused pid)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return b"ipyparallel" in cmdline.read()
+    except OSError:
+        return False
 
 
 def run_cell(line: str, cell: str, seed: int | None = None) -> HostOutcome:
