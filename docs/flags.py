@@ -24,7 +24,9 @@ def table(magic: str) -> str:
         name = ", ".join(action.option_strings) or action.dest.upper()
         if action.option_strings and action.nargs != 0:
             name += f" {action.metavar or action.dest.upper()}"
-        text = " ".join((action.help or "").split()).replace("|", "\\|")
+        # a table cell is Markdown: `<devices>` would be an HTML tag, and vanish
+        text = " ".join((action.help or "").split()).replace("|", "\\|") \
+            .replace("<", "&lt;").replace(">", "&gt;")
         rows.append(f"| `{name}` | {text} |")
     return "\n".join([START, "", f"`{usage}`", "", *rows, "", END])
 

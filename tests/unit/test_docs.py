@@ -124,3 +124,11 @@ def undefined_names(text: str) -> list[str]:
 def test_a_first_pages_snippets_define_every_name_they_use(page):
     assert undefined_names((ROOT / page).read_text()) == []
     assert undefined_names("```python\nmodel.fit(x_train)\n```") == ["model", "x_train"]
+
+
+def test_a_flags_help_with_angle_brackets_shows_them_on_the_page():
+    # `default 1x<devices>` rendered as "default 1x": Markdown took <devices> for a tag
+    docs = flags_module()
+    table = docs.table("tpu_train")
+    row = next(line for line in table.splitlines() if line.startswith("| `--mesh"))
+    assert "1x&lt;devices&gt;" in row and not re.search(r"<[a-z]", table.split("\n", 3)[3])
