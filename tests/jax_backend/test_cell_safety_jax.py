@@ -365,6 +365,27 @@ def test_a_reloaded_model_predicts_what_the_trained_one_does_to_rtol_1e_7(ip, tm
     np.testing.assert_allclose(ours["predicted"], plain["predicted"], rtol=1e-6)
 
 
+# -- what the magic adds leaves the notebook's random state as plain Keras leaves it -------------
+
+# A seeded notebook builds the same weights every run: neither the first-step check (its
+# one-device copy) nor placing a model made in an earlier cell may draw from Keras's global
+# random state (on TensorFlow both did: tests/test_cell_safety.py).
+def test_layers_built_after_the_check_and_a_placed_model_start_as_in_plain_keras(ip):
+    setup = ROWS + DENSE.replace("model =", "base =").replace("model.", "base.")
+    first = ("base.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)\n"
+             "inputs = keras.Input(shape=(8,))\nhead = keras.layers.Dense(3)\n"
+             "joined = keras.Model(inputs, head(base(inputs)))\n"
+             "initial = head.get_weights()[0]\n")
+    later = "later = keras.layers.Dense(3)\nlater.build((None, 8))\nafter = later.get_weights()[0]\n"
+    plain = plainly(setup, first)
+    exec(later, plain)
+    run_cell(ip, imports() + setup)
+    train(ip, first)  # base placed on the devices, then checked at its first step
+    train(ip, later)
+    np.testing.assert_array_equal(ip.user_ns["initial"], plain["initial"])
+    np.testing.assert_array_equal(ip.user_ns["after"], plain["after"])
+
+
 # -- the rule: a failure in any step tpu_magic adds is a note, never an error ---------------------
 
 def _backend_method(name):
