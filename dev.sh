@@ -5,6 +5,7 @@
 # and, for CI: bash dev.sh examples   # every example notebook, small settings
 #              bash dev.sh wheel      # the built wheel in a clean venv (JAX, no TensorFlow)
 #              bash dev.sh docs       # the documentation site (MkDocs) into site/, strict
+#              bash dev.sh notebooks  # the site's example pages, executed (commit docs/notebooks/)
 # Set-up is idempotent: the venv is made once and `pip install` is quick when nothing changed.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -56,7 +57,7 @@ case "${1:-}" in
   demo)
     # The CIFAR-10 example, small: the offline stand-in's 1,497 training images (sklearn's
     # digits upscaled, no download), 2 epochs; the executed notebook, with its outputs (the
-    # loss chart, a test image and its predicted class), is saved in executed/. The notebook
+    # loss chart, eight test images and their predicted classes), is saved in executed/. The notebook
     # is seeded (SEED = 0): its CPU copy's test accuracy, 0.727 on this project's machine,
     # must lie in the range the docs quote, 0.65-0.80 (a broken install gets about 0.1).
     setup
@@ -121,21 +122,46 @@ PY
       "$VENV/bin/python" examples/run_notebook.py examples/hosts_rehearsal.ipynb \
       --save executed/jax "${small[@]}" "$@"
     ;;
-  docs)
-    # The documentation site into site/ (mkdocs build --strict: a broken link or a page
-    # missing from the nav fails). Its example pages are the notebooks `dev.sh examples`
-    # executed on JAX, with their outputs (the loss charts, the images, the reports).
+  notebooks)
+    # The site's example pages: each example notebook executed at settings where the model
+    # visibly learns (many epochs of the offline stand-in data, so a page is the same on any
+    # machine and each takes a few minutes on 2 cores; the tutorials on TensorFlow, whose
+    # CPU replicas are the quicker there, the LoRA notebook on JAX as on Kaggle, the hosts
+    # rehearsal on JAX with TensorFlow blocked), saved with its outputs and its code's hash into
+    # docs/notebooks/ (committed; tests/unit/test_example_pages.py fails when an example's
+    # code changed after its page was made). `bash dev.sh notebooks mnist_cnn` makes one.
     setup
     shift
-    if ! ls executed/jax/*.ipynb > /dev/null 2>&1; then
-      say "no executed notebooks in executed/jax yet: running bash dev.sh examples first"
-      bash "$HERE/dev.sh" examples
-    fi
-    rm -rf docs/notebooks && mkdir -p docs/notebooks
-    cp executed/jax/*.ipynb docs/notebooks/
+    wanted=" ${*:-cifar10_cnn mnist_cnn fashion_mnist_cnn imdb_lstm imdb_lstm_static_batch gemma_lora_kaggle hosts_rehearsal} "
+    page() {
+      local name=$1
+      shift
+      if [[ "$wanted" != *" $name "* ]]; then return; fi
+      say "docs/notebooks/$name.ipynb ($*)"
+      "$VENV/bin/python" examples/run_notebook.py "examples/$name.ipynb" --save docs/notebooks \
+        -p OFFLINE=True "$@"
+    }
+    page cifar10_cnn -p 'CONNECT="--simulate 8"' -p EPOCHS=20
+    page mnist_cnn -p 'CONNECT="--simulate 8"' -p EPOCHS=15
+    page fashion_mnist_cnn -p 'CONNECT="--simulate 8"' -p EPOCHS=15
+    page imdb_lstm -p 'CONNECT="--simulate 8"' -p EPOCHS=6
+    page imdb_lstm_static_batch -p 'CONNECT="--simulate 8"' -p EPOCHS=6
+    page gemma_lora_kaggle -p 'CONNECT="--simulate 8"'  # KerasHub's guide: 1 epoch
+    PYTHONPATH=tests/without_tensorflow page hosts_rehearsal -p EPOCHS=8
+    ;;
+  docs)
+    # The documentation site into site/ (mkdocs build --strict: a broken link or a page
+    # missing from the nav fails), with the committed example pages (docs/notebooks/, made by
+    # `bash dev.sh notebooks`; nothing is executed here). The site opens from disk
+    # (site/index.html: every link names its page's file) as well as from `mkdocs serve`;
+    # tests/support/site_check.py checks the built pages' links, and that no build script
+    # or machine path is published.
+    setup
+    shift
     say "building the documentation site (mkdocs build --strict) into site/"
     NO_MKDOCS_2_WARNING=1 "$VENV/bin/python" -m mkdocs build --strict --quiet "$@"
-    say "site/index.html"
+    "$VENV/bin/python" tests/support/site_check.py site
+    say "site/index.html (open it from disk, or: $VENV/bin/python -m mkdocs serve)"
     ;;
   test)
     setup
@@ -145,7 +171,7 @@ PY
     ;;
   *)
     echo "usage: bash dev.sh demo | bash dev.sh test [pytest args] | bash dev.sh examples |" \
-         "bash dev.sh wheel | bash dev.sh docs" >&2
+         "bash dev.sh wheel | bash dev.sh docs | bash dev.sh notebooks [NAME ...]" >&2
     exit 2
     ;;
 esac

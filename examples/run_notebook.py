@@ -5,12 +5,18 @@
 
 `-p NAME=VALUE` overrides a line `NAME = ...` in the cell tagged `parameters`
 (papermill style; the value is Python source, e.g. -p 'CONNECT="--simulate 8"').
-`--save DIR` writes each executed notebook, with its outputs (pictures included), to DIR.
+`--save DIR` writes each executed notebook, with its outputs (pictures included), to DIR,
+with the hash of the code it ran from (`code_sha256`, before `-p`) and the parameters in its
+metadata (`tpu_magic`): tests/unit/test_example_pages.py tells from it whether a committed
+executed notebook is older than its example. Each kernel runs in a fresh temporary folder
+(what a notebook writes beside itself goes there and is removed).
 Exits 1 if any cell of any notebook produced an error output, or framework log noise
 (absl, oneDNN, TensorFlow's C++ info lines) reached a cell's output, so CI fails.
 """
 
 import argparse
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -65,6 +71,13 @@ def out_of_range(printed, expect):
     return None
 
 
+def code_sha256(notebook):
+    """The hash of a notebook's code cells as written, in order (the parameters cell
+    included): what its outputs are outputs of."""
+    code = [cell.source for cell in notebook.cells if cell.cell_type == "code"]
+    return hashlib.sha256(json.dumps(code).encode()).hexdigest()
+
+
 def kernel_config(sockets):
     """The kernel's channels as Unix sockets in the folder `sockets` (Windows has none: TCP
     there): over TCP, ipykernel 7 prints `[IPKernelApp] WARNING | Kernel is running over TCP
@@ -79,18 +92,22 @@ def run(path, overrides, timeout, save=None, expect=None):
     (framework log noise in an output counts as one, and so does a figure outside the
     range `expect` states, see `out_of_range`, and a kernel that died)."""
     notebook = nbformat.read(path, as_version=4)
+    code = code_sha256(notebook)
     set_parameters(notebook, overrides)
     start = time.perf_counter()
-    sockets, died = tempfile.mkdtemp(prefix="tpu_magic-kernel-"), False
+    folder, died = tempfile.mkdtemp(prefix="tpu_magic-run-"), False
+    work, sockets = os.path.join(folder, "work"), os.path.join(folder, "kernel")
+    os.mkdir(work)
+    os.mkdir(sockets)
     try:
         client = NotebookClient(notebook, timeout=timeout, kernel_name="python3",
-                                allow_errors=True, resources={"metadata": {"path": "."}},
+                                allow_errors=True, resources={"metadata": {"path": work}},
                                 config=kernel_config(sockets))
         client.execute()
     except DeadKernelError:  # the outputs so far are printed, and the run fails
         died = True
     finally:
-        shutil.rmtree(sockets, ignore_errors=True)
+        shutil.rmtree(folder, ignore_errors=True)
     errors, printed = 0, []
     for index, cell in enumerate(notebook.cells):
         if cell.cell_type != "code":
@@ -112,6 +129,7 @@ def run(path, overrides, timeout, save=None, expect=None):
         errors += 1
         print(f"{path}: {missed}")
     if save is not None:
+        notebook.metadata["tpu_magic"] = {"code_sha256": code, "parameters": overrides}
         Path(save).mkdir(parents=True, exist_ok=True)
         nbformat.write(notebook, Path(save) / Path(path).name)
         print(f"executed notebook saved: {Path(save) / Path(path).name}")
@@ -130,6 +148,12 @@ def main():
                         help="a figure the notebook prints (PATTERN's group 1) must lie in "
                              "[LOW, HIGH], e.g. --expect 'test accuracy ([0-9.]+)' 0.5 0.7")
     args = parser.parse_args()
+    # each kernel runs in a temporary folder: a relative PYTHONPATH entry (dev.sh's
+    # tests/without_tensorflow) is made absolute, so it still means what it meant here
+    paths = os.environ.get("PYTHONPATH", "")
+    if paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) if p else p
+                                                   for p in paths.split(os.pathsep))
     overrides = dict(p.split("=", 1) for p in args.parameter)
     failed = [path for path in args.notebooks
               if run(path, overrides, args.timeout, args.save, args.expect)]

@@ -67,3 +67,16 @@ def test_image_stand_ins_need_no_scikit_learn(monkeypatch):
     means = np.stack([x[y == k].reshape((y == k).sum(), -1).mean(0) for k in range(10)])
     nearest = np.argmin(((xt.reshape(len(xt), 1, -1) - means) ** 2).sum(-1), axis=1)
     assert 0.3 < np.mean(nearest == yt) < 1.0
+
+
+@pytest.mark.parametrize("name, real_first, stand_in_first", [
+    ("cifar10", "airplane", "digit 0"), ("fashion_mnist", "T-shirt", "digit 0"),
+    ("mnist", "0", "digit 0"), ("imdb", "negative", "negative"),
+])
+def test_the_stand_in_names_its_labels_for_what_they_are(name, real_first, stand_in_first):
+    # the CIFAR page captioned an upscaled digit "frog": a caption must name the stand-in's class
+    loaded = datasets.load(name, offline=True, samples=12, say=lambda _: None)
+    (x, y), _ = loaded
+    assert loaded.stand_in and loaded.classes[0] == stand_in_first and len(x) == 12
+    assert datasets.CLASSES[name][0] == real_first
+    assert len(loaded.classes) == (2 if name == "imdb" else 10)

@@ -1,6 +1,7 @@
 """The classic tutorials' datasets, with small stand-ins of the same shapes when offline.
 
-`load(name)` returns what `keras.datasets.<name>.load_data()` returns. It uses Keras's
+`load(name)` returns what `keras.datasets.<name>.load_data()` returns (as a `Loaded`,
+which also names the labels' classes and says whether it is the stand-in). It uses Keras's
 cache (~/.keras/datasets) when the file is there; otherwise it checks in at most a few
 seconds that the download host answers, and downloads. Offline (no answer, a failed
 download, or `offline=True`) it says so in one line and returns small data of the same
@@ -30,6 +31,33 @@ class Dataset:
     image_shape: tuple[int, ...] | None
 
 
+CLASSES = {
+    "cifar10": ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship",
+                "truck"),
+    "mnist": tuple(str(digit) for digit in range(10)),
+    "fashion_mnist": ("T-shirt", "trouser", "pullover", "dress", "coat", "sandal", "shirt",
+                      "sneaker", "bag", "boot"),
+    "imdb": ("negative", "positive"),
+}
+# the image stand-ins are digits whatever the dataset: their labels are digits' names
+STAND_IN_CLASSES = tuple(f"digit {digit}" for digit in range(10))
+
+
+class Loaded(tuple):
+    """`((x_train, y_train), (x_test, y_test))`, unpacked as Keras's loaders' result is, and
+    what the labels mean: `classes` (the name of each label, e.g. CIFAR-10's ten, or
+    "digit 3" for the image stand-ins) and `stand_in` (True: the offline stand-in, not the
+    dataset), so a notebook's captions stay true offline."""
+
+    classes: tuple[str, ...]
+    stand_in: bool
+
+    def __new__(cls, data: Any, classes: tuple[str, ...], stand_in: bool) -> "Loaded":
+        loaded = super().__new__(cls, data)
+        loaded.classes, loaded.stand_in = classes, stand_in
+        return loaded
+
+
 DATASETS = {
     "cifar10": Dataset("cifar10", "cifar-10-batches-py", (32, 32, 3)),
     "mnist": Dataset("mnist", "mnist.npz", (28, 28)),
@@ -40,8 +68,9 @@ DATASETS = {
 
 def load(name: str, *, samples: int | None = None, offline: bool = False,
          num_words: int = IMDB_WORDS, say: Callable[[str], None] = print,
-         host: tuple[str, int] = DOWNLOAD_HOST) -> tuple[tuple[Any, Any], tuple[Any, Any]]:
-    """`(x_train, y_train), (x_test, y_test)` of a tutorial dataset.
+         host: tuple[str, int] = DOWNLOAD_HOST) -> Loaded:
+    """`(x_train, y_train), (x_test, y_test)` of a tutorial dataset, as a `Loaded` (its
+    `classes` and `stand_in` say what the labels are).
 
     Args:
         name: "cifar10", "mnist", "fashion_mnist" or "imdb".
@@ -67,11 +96,13 @@ def load(name: str, *, samples: int | None = None, offline: bool = False,
             why = f"the download failed ({type(exc).__name__})"
     else:
         why = "offline=True" if offline else f"{host[0]} does not answer"
-    if data is None:
+    stand_in = data is None
+    if stand_in:
         data = _stand_in(spec, num_words)
         say(f"{name}: offline ({why}), so small stand-in data of the same shapes "
             f"({'digits upscaled' if spec.image_shape else 'generated word sequences'})")
-    return _first(data, samples)
+    classes = STAND_IN_CLASSES if stand_in and spec.image_shape else CLASSES[name]
+    return Loaded(_first(data, samples), classes, stand_in)
 
 
 def _cached(spec: Dataset) -> bool:

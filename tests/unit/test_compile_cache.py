@@ -47,3 +47,12 @@ def test_each_version_set_has_its_own_folder():
 def test_the_reports_words(counts, text):
     assert counts.describe() == text
     assert CompileCounts(5, 2, 1.5) - CompileCounts(1, 2, 0.5) == CompileCounts(4, 0, 1.0)
+
+
+def test_the_note_writes_a_directory_in_the_home_folder_from_tilde():
+    # a published notebook showed /root/.cache/...: the machine's, not the reader's
+    choice = choose_directory(None, {"HOME": "/home/ada"}, VERSIONS, is_dir=lambda d: False)
+    assert choice.note(home="/home/ada") == (f"compiled programs are cached in "
+                                             f"~/.cache/tpu_magic/jax/{KEY} (it survives a "
+                                             "kernel restart on this machine)")
+    assert "/home/adam/x" in choose_directory("/home/adam/x", {}, VERSIONS).note(home="/home/ada")

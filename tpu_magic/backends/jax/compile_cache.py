@@ -42,10 +42,16 @@ class CacheChoice:
     directory: str | None
     reason: str
 
-    def note(self) -> str:
+    def note(self, home: str | None = None) -> str:
+        """One line for the connect summary; a directory in the `home` folder (default the
+        user's) is written from ~, as a notebook shared or published should show it."""
         if self.directory is None:
             return f"JAX's compilation cache is off ({self.reason})"
-        return f"compiled programs are cached in {self.directory} ({self.reason})"
+        home = os.path.expanduser("~") if home is None else home
+        shown = self.directory
+        if home not in ("", os.sep) and shown.startswith(home.rstrip(os.sep) + os.sep):
+            shown = "~" + shown[len(home.rstrip(os.sep)):]
+        return f"compiled programs are cached in {shown} ({self.reason})"
 
 
 def version_key(versions: Mapping[str, str]) -> str:
