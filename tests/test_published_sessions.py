@@ -198,7 +198,7 @@ def test_an_ensemble_of_models_trained_in_earlier_cells(sim8):
         return f"""
 inputs = keras.Input(shape=(8,))
 {name} = keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(
-    keras.layers.Dense(8, activation="relu")(inputs)), name={name!r})
+    keras.layers.Dense(7, activation="relu")(inputs)), name={name!r})
 {name}.compile(keras.optimizers.Adam(0.01), "sparse_categorical_crossentropy")
 {name}_history = {name}.fit({FIT}, epochs=1)
 """
