@@ -90,9 +90,9 @@ def whole_batches(data: Any, rows: int, masked: bool, shuffle: bool = False,
     declared = inner.batch_size if not full_size else \
         keras.tree.flatten(data.element_spec)[0].shape[0]
     if cut and getattr(inner, "enqueuer", None) is not None:
-        # TensorFlow: a PyDataset's worker threads (`workers=4`) fed through tf.data under a
-        # MirroredStrategy hung the cell at its first batch (Keras peeks the distributed
-        # iterator to build the model before the epoch; the enqueuer's queue never filled).
+        # TensorFlow: a PyDataset's worker threads fed through tf.data under a
+        # MirroredStrategy hang the cell at its first batch (Keras peeks the distributed
+        # iterator to build the model before the epoch; the enqueuer's queue never fills).
         # Its batches are read in the calling thread instead: the same batches, in the same
         # order (Keras's own shuffle of the indices), without the parallel reads.
         inner.enqueuer = None
@@ -263,9 +263,9 @@ def _freed_at_once(data: Any) -> Any:
 
     Keras stops reading a pass at its last step, and freeing an iterator that autotunes
     waits for its autotune thread, which sleeps in ever longer periods (as on TensorFlow,
-    `backends.tf.data._loaded`): a KerasHub Gemma LoRA cell on 8 simulated JAX devices
-    waited 0.3-4 s after its last step in 7 fits of 9, 0.01 s or less without. The batches,
-    their order and their values are the same; only how tf.data tunes itself changes.
+    `backends.tf.data._loaded`), so a fit could wait seconds after its last step. The
+    batches, their order and their values are the same; only how tf.data tunes itself
+    changes.
     """
     if not hasattr(data, "with_options") or data.options().autotune.enabled is not None:
         return data

@@ -6,7 +6,7 @@ writes the shards its devices hold, never gathering the model into one process; 
 writes into a temporary directory and renames it when every process is done, so a
 checkpoint directory that exists is complete. Reading lays each array out as the model's
 variable is laid out now, so a checkpoint resumes into another mesh. The directory's
-naming, `--keep` and damaged checkpoints are `training.checkpoint_store`'s.
+naming, `--keep` and damaged checkpoints are `training.checkpoints.store`'s.
 """
 
 from __future__ import annotations
@@ -49,9 +49,9 @@ class ShardWriter:
 
         self._checkpointer = ocp.StandardCheckpointer()
         # reading goes through the handler itself: the checkpointer's `restore` ends in a
-        # barrier of every process, which a process whose read failed never reached, so a
-        # checkpoint damaged on one host held the others there until the run died; here each
-        # process reads on its own and the store agrees on the outcome afterwards
+        # barrier of every process, which a process whose read failed never reaches, so a
+        # checkpoint damaged on one host would hold the others there until the run died;
+        # here each process reads on its own and the store agrees on the outcome afterwards
         self._reader = ocp.StandardCheckpointHandler()
         self._restore = ocp.args.StandardRestore
         self.pending: Path | None = None

@@ -7,10 +7,9 @@ not when the mesh is one device: a fresh model's weights, an optimizer's slots, 
 `reset_metrics` writes before every epoch, since Keras leaves a value that sits on the one
 device already where it is (`distribute_tensor` finds its placement equivalent). Keras then
 compiles its train step twice in a model's first fit (its first step, then the steps fed its
-outputs) and once more in the second (the metrics' fresh zeros beside weights from a step):
-7, 1 and 0 compilations in three fits of plain Keras under `DataParallel` on one device,
-against 6, 0 and 0 on eight, where every value is laid out on the mesh. On a chip a step
-compiles for seconds to minutes.
+outputs) and once more in the second (the metrics' fresh zeros beside weights from a step).
+On a mesh of several devices every value is laid out on the mesh, and the step compiles
+once. On a chip a step compiles for seconds to minutes.
 
 Here, whenever Keras resets the metrics (before each epoch's first step, and before each
 evaluation), every value of the model's state that lacks its variable's mesh is put on its

@@ -6,16 +6,14 @@ iterator, draws a batch, averages it over the replicas, and hands it to `_symbol
 which builds whatever of the model, its compiled loss and metrics and its optimizer is
 still unbuilt. The iterator is then dropped and the call starts it again. Once all of
 those are built, `_symbolic_build` does nothing with the batch, and drawing it is all
-cost: on the seeds' CIFAR CNN over 8 simulated replicas, about 0.3 s of every later `fit`
-(the iterators' start, a global batch read and averaged), 4 % of an 8-step cell, measured
-when each replica had a pipeline of its own. While tpu_magic runs a model's calls the
-model skips it where everything is built, and draws it, as Keras does, where anything is
-not. A model made outside every strategy never draws it (Keras's own rule), so plain Keras
-on one device, the reference, is unchanged. An input that counts Keras's passes over it (a
-`PyDataset` made whole, `keras_inputs.WholeBatches`, whose first two passes share one
-tape) is told the build pass was skipped, so the call's own pass is still the one it reads
-as the epoch (without that, a fit's second validation pass over a `PyDataset` read
-nothing: NaN).
+cost (an iterator's start, a global batch read and averaged, at every later `fit`).
+While tpu_magic runs a model's calls the model skips it where everything is built, and
+draws it, as Keras does, where anything is not. A model made outside every strategy never
+draws it (Keras's own rule), so plain Keras on one device, the reference, is unchanged.
+An input that counts Keras's passes over it (a `PyDataset` made whole,
+`keras_inputs.WholeBatches`, whose first two passes share one tape) is told the build pass
+was skipped, so the call's own pass is still the one it reads as the epoch (otherwise a
+fit's second validation pass over a `PyDataset` would read nothing).
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ input made whole for the replicas (`user_batches`).
 Every batch has exactly the global batch size (TPUs need static shapes; under
 MirroredStrategy an uneven split fails). The samples that fill the last batch
 are padding, masked out of losses and metrics by `exactness`'s packed sample weight.
-Measured: numpy under 8 replicas stalls at every epoch start; `repeat()` +
-`steps_per_epoch` + prefetch does not.
+An endless `repeat()` with `steps_per_epoch` and a prefetch keeps the replicas fed at
+every epoch start, where NumPy arrays handed to Keras stall.
 """
 
 from __future__ import annotations
@@ -65,22 +65,12 @@ def _index_batches(samples: int, batch: int, shuffle: bool, repeat: bool, seed: 
 
 
 def _loaded(indices: tf.data.Dataset, load: Callable[[tf.Tensor], Any]) -> tf.data.Dataset:
-    """Batches of indices → batches of data, a few batches ahead, with tf.data's autotuning off.
+    """Batches of indices → batches of data, a few batches ahead, with fixed parallelism.
 
-    `load` is traced as it is, without AutoGraph (`_traced_as_is`), once for every fit.
-
-    An iterator with autotuning runs a thread that sleeps in ever longer periods, and
-    freeing the iterator waits for it: that is what made Keras's MultiDeviceIterator
-    slow to free (see `ReplicaParts`). Turning it off alone did not help there (those
-    were Keras's per-device datasets); for our own iterators it keeps the thread away.
-    Fixed parallelism and a prefetch of two batches keep the device fed.
-
-    tf.data's default graph rewrites are off too: this pipeline (batches of indices, a
-    parallel map, a prefetch) is already what they aim for, so they find nothing to do,
-    and looking costs every iterator's start, at every fit (measured on the 8 per-replica
-    pipelines tpu_magic had before `ReplicaParts`, the seeds' IMDB LSTM, 2 cores: starting
-    the 8 iterators took 0.13-0.17 s with them, 0.08-0.095 s without). A user's dataset
-    keeps them (`whole_batches`).
+    `load` is traced without AutoGraph (`_traced_as_is`). tf.data's autotuning is off:
+    freeing an iterator waits for its autotune thread. Its default graph rewrites are off
+    too: this pipeline is already what they aim for, and looking costs every iterator's
+    start (a user's dataset keeps them, `whole_batches`).
     """
     options = tf.data.Options()
     options.experimental_optimization.apply_default_optimizations = False
@@ -90,9 +80,8 @@ def _loaded(indices: tf.data.Dataset, load: Callable[[tf.Tensor], Any]) -> tf.da
 
 def _traced_as_is(function: Callable[..., Any]) -> Callable[..., Any]:
     """`function` for tf.data's `map`, traced without AutoGraph's conversion: tpu_magic's
-    loaders branch only on Python values, never on tensors, so converting them buys nothing
-    (measured on 8 replicas' pipelines of the seeds' CNN, noisy: 0.08-0.09 s traced as is
-    against 0.09-0.31 s converted, at every fit)."""
+    loaders branch only on Python values, never on tensors, so converting them only costs
+    tracing time at every fit."""
     return tf.autograph.experimental.do_not_convert(function)
 
 
@@ -105,10 +94,8 @@ def _distributed(indices: tf.data.Dataset, load: Callable[..., Any], batch: int,
     the pipeline's element spec, without reading.
 
     `load(index, keep)` maps a global batch of indices to data, gathering only the rows
-    `keep` cuts from it: each replica's part is gathered on its own. Gathering the whole
-    batch and cutting it afterwards kept every replica's cut pointing into a whole batch
-    (a slice of a tensor shares its buffer): measured on the seeds' CNN, 8 replicas, batch
-    1024, the process's peak grew by ~0.4 GiB.
+    `keep` cuts from it: each replica's part is gathered on its own, since a cut of a
+    gathered whole batch would share, and so keep alive, the whole batch's buffer.
     """
     if not _splits_per_replica(strategy):
         dataset = _loaded(indices, lambda index: load(index, _whole))
@@ -153,21 +140,16 @@ class ReplicaParts(input_lib.DistributedDataset):
 
     Why not TensorFlow's own distribution:
     - `experimental_distribute_dataset` (what Keras does with a plain dataset) feeds the
-      replicas through a MultiDeviceIterator. Measured (seed CNN, 8 simulated replicas,
-      batch 1024): every `fit` waited 17-117 s after its last step while that iterator was
-      freed (its per-device prefetch datasets carry tf.data's autotune thread, which is
-      waited for), and CI once hung there for good.
-    - `distribute_datasets_from_function` per replica (what tpu_magic did before) has no
-      such wait, but builds and starts R pipelines at every `fit`: on the seeds' IMDB LSTM
-      over 8 simulated replicas (2 cores), 0.2-0.25 s before a warm fit's first step, 8 %
-      of an 8-step cell. One pipeline here: 0.05-0.10 s, and its steps ran as fast
-      (benchmarks/bench_train.py, docs/benchmarks.md).
+      replicas through a MultiDeviceIterator, and freeing it after a `fit`'s last step
+      waits for its per-device datasets' autotune thread, for long enough to dominate a
+      cell (and it has hung).
+    - `distribute_datasets_from_function` has no such wait, but builds and starts one
+      pipeline per replica at every `fit`, a noticeable share of a short cell.
 
     Iterating gives a Python iterator, so Keras runs a step a call (its loop over
     `steps_per_execution` steps runs on the host; under several mirrored replicas
     tpu_magic runs one step an execution anyway, keras-team/keras#19246). Each part is read
-    on the host and copied to its replica's device by the step, as the per-replica
-    pipelines did (they did not fetch to the devices either).
+    on the host and copied to its replica's device by the step.
 
     Only what Keras and tpu_magic use of a distributed dataset is here (iterating, its
     element spec, its cardinality); TensorFlow's own constructor is not run.
@@ -315,11 +297,9 @@ def whole_batches(dataset: Any, batch: int, strategy: Any) -> Any:
     and every batch carries `exactness`'s packed sample weight (the user's weights, if
     any, inside it), so a partial batch splits over the replicas and counts by its real
     samples. Under a MirroredStrategy with several replicas every whole batch is cut into
-    the replicas' parts on the host, as for NumPy inputs (`ReplicaParts`): Keras's own
-    distribution of a dataset made `fit` wait after its last step while freeing its
-    MultiDeviceIterator (measured in benchmarks/bench_tfdata.py). The dataset's own steps
-    (its maps, its shuffle, seeded or not) run once, in one pipeline, so every replica's
-    part is of the same global batch.
+    the replicas' parts on the host, as for NumPy inputs (`ReplicaParts` says why). The
+    dataset's own steps (its maps, its shuffle, seeded or not) run once, in one pipeline,
+    so every replica's part is of the same global batch.
     """
     def padded(*element):
         x, y = element[0], element[1]
@@ -427,8 +407,8 @@ def user_batches(data: Any, strategy: Any, note: Callable[[str], None], masked: 
     as a tf.data dataset of whole batches Keras distributes (`keras_inputs.whole_batches`):
     short batches padded and masked, or cut to a whole number of rows per replica where the
     loss takes no mask (a replica cannot run an uneven share). A generator or a grain
-    dataset goes to Keras's own adapter as it is (a one-shot generator lost batches to
-    Keras's build-time peek through the wrapper). `note` is the protocol's: nothing here
+    dataset goes to Keras's own adapter as it is (a wrapper would lose a one-shot
+    generator's batches to Keras's build-time peek). `note` is the protocol's: nothing here
     needs to say anything."""
     import keras
 
