@@ -1,6 +1,6 @@
 """Where a variable lives on a device mesh: the layout rule for variables a model's own
 layout map does not name, and the per-variable record the report's sharding table shows.
-Pure: the JAX backend applies the rule, `training.sharding` renders the records."""
+Pure: the JAX backend applies the rule, `training.placement.sharding` renders the records."""
 
 from __future__ import annotations
 
