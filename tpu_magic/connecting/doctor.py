@@ -4,10 +4,11 @@ Pure logic over a `Runtime` (the environment, the installed and imported package
 machine's signs); `read_runtime` gathers one from this process without importing anything
 heavy. `%tpu_connect --check` prints the findings, and a failed connect appends them to
 its message. On its own, `python -m tpu_magic.connecting.doctor [--tpu] [--backend tf|jax]`
-(in a notebook, `examine()`) prints what it looked at and what it found. The traps come from the runtimes' published package lists and issue threads:
-keras-team/keras#19423 (the backend is fixed when keras is imported), jax-ml/jax#13260
-(TensorFlow imported first takes the TPU from JAX), jax-ml/jax#10192 (a libtpu lock held by
-another process), and JAX's GPU memory preallocation (75 % by default) beside TensorFlow.
+(in a notebook, `examine()`) prints what it looked at and what it found. The traps come from
+the runtimes' published package lists and issue threads: keras-team/keras#19423 (the
+backend is fixed when keras is imported), jax-ml/jax#13260 (TensorFlow imported first takes
+the TPU from JAX), jax-ml/jax#10192 (a libtpu lock held by another process), and JAX's GPU
+memory preallocation (75 % by default) beside TensorFlow.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Bounded reachability checks for a TPU node, before TensorFlow sees the address.
 
-Measured: once `tf.config.experimental_connect_to_cluster` is called on a dead
-address it retries for ever, Ctrl-C does nothing, and TensorFlow stays frozen
-process-wide even if the call ran in a thread. So an address is first tried
+Once `tf.config.experimental_connect_to_cluster` is called on a dead address it
+retries for ever, Ctrl-C does nothing, and TensorFlow stays frozen process-wide even
+if the call ran in a thread. So an address is first tried
 with a plain TCP connect, then TensorFlow's own connect runs in a short-lived
 subprocess with a deadline; the kernel connects in-process only when both worked.
 """
