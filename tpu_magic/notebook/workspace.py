@@ -23,7 +23,8 @@ class Workspace:
         panel: the ipywidgets panel, once shown.
         last_model / last_model_name: the model the last `%%tpu_train` cell trained, and
             the user's name for it.
-        last_fit: that model's last `fit` (a `train.FitCall`): what the panel's Train repeats.
+        last_fit: that model's last `fit` (a `training.cell.FitCall`): what the panel's Train
+            repeats.
         job: the training job the panel's Train started last (a `job.TrainJob`).
     """
 
@@ -35,7 +36,7 @@ class Workspace:
     connection: Any = None  # the connection the rest belongs to
     check: Any = None  # the last `--check` on this connection (a `check.DeviceCheck`)
     report: Any = None  # the last `%%tpu_train` cell's `TrainReport` (also when it was interrupted)
-    # first-step setups that agreed with one device (`training.parity.setup_key`)
+    # first-step setups that agreed with one device (`training.parity.compare.setup_key`)
     agreed: set = field(default_factory=set)
     # a batch's input seconds of tpu_magic's own pipelines, by key (`utilization.input_need`),
     # for this connection
