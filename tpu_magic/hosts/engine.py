@@ -62,8 +62,8 @@ def end_with_parent(parent: int, controller: int | None = None, every: float = 1
     """Ends this engine's process when `parent`, the notebook's kernel that started it, is
     gone, and asks the cluster's `controller` (its pid; the kernel started it too) to end:
     a kernel killed (a restart, a runner's shutdown past its wait) runs no clean-up of its
-    own, and its engines (about 750 MB each) and controller would live on, their parent pid
-    1. Watched by a daemon thread; returns whether it watches (only where `parent` is this
+    own, and its engines (each a process holding JAX and Keras) and controller would live
+    on, their parent pid 1. Watched by a daemon thread; returns whether it watches (only where `parent` is this
     engine's parent, as for the local engines of `--simulate HxD`)."""
     import signal
     import threading
@@ -101,8 +101,8 @@ def run_cell(line: str, cell: str, seed: int | None = None) -> HostOutcome:
     `seed`: the same on every host, drawn afresh for each cell by the notebook. Every process
     starts the cell from it (Python's, NumPy's and Keras's random state), so a model the cell
     builds without a seed, its Dropout and the cell's own random data are alike on every host,
-    as one process of all the devices would have them (each process drew its own weights,
-    and JAX refused them: "passed to device_put is not the same on each process")."""
+    as one process of all the devices would have them (otherwise each process draws its own
+    weights, and JAX refuses them: "passed to device_put is not the same on each process")."""
     from IPython import get_ipython
     import jax
 

@@ -16,7 +16,7 @@ import time
 from typing import Any, Callable, Iterator, Sequence
 
 PUBLISH_EVERY = 0.25  # seconds between an engine's updates (closing and resetting always go)
-# The batch bar's name until a fit's first step ends: training.progress.COMPILING, written
+# The batch bar's name until a fit's first step ends: training.fit.progress.COMPILING, written
 # out so that the notebook's process need not import Keras (a unit test keeps them equal).
 COMPILING = "compiling…"
 _ids = itertools.count()

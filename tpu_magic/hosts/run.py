@@ -146,9 +146,9 @@ def _send(view: Any, hosts: Hosts, names: set[str], namespace: MutableMapping[st
 
 def _shells_own(name: str, value: Any, shell_own: Mapping[str, Any] | None) -> bool:
     """Whether `name` holds what the notebook's shell itself put there (`shell_own`, else the
-    names IPython always puts). Sent, IPython's `open` failed on every host (pickled by value,
-    its module's `io_open` missing there: "NameError: name 'io_open' is not defined"); each
-    host's shell has its own. A value the user bound to such a name is theirs, and is sent."""
+    names IPython always puts). Sent, IPython's `open` would fail on every host (pickled by
+    value, its module's `io_open` missing there: "NameError: name 'io_open' is not defined");
+    each host's shell has its own. A value the user bound to such a name is theirs, and is sent."""
     if shell_own is not None and name in shell_own:
         return shell_own[name] is value
     return name in _SHELL_NAMES
