@@ -1,1 +1,2 @@
-"""`--checkpoint` and `--resume`: what a checkpoint holds, its forms (one HDF5 file, orbax shards), the directory, and a cell's use of them."""
+"""`--checkpoint` and `--resume`: what a checkpoint holds, its forms (one HDF5 file, orbax
+shards), the directory, and a cell's use of them."""

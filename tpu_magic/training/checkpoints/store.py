@@ -4,12 +4,12 @@ model needs), keeping the newest, moving damaged ones aside, finding the newest 
 A checkpoint holds the model's weights, the optimizer's state (its iteration count
 included, so schedules continue), the number of epochs done and the seed of the data
 order, in one of two forms:
-- one HDF5 file (`checkpoint_file`), written by the process that leads with `atomic_path`
+- one HDF5 file (`one_file`), written by the process that leads with `atomic_path`
   (temporary file, fsync, rename, fsync of the directory);
-- an orbax-checkpoint directory (`checkpoint_shards`), where the weights do not all sit
+- an orbax-checkpoint directory (`orbax_shards`), where the weights do not all sit
   whole in one process (several hosts, `--shard model`): orbax renames the directory into
   place when every process has written its shards, while the next epoch trains.
-What either holds, and whether it fits a model, is `checkpoint_state`'s.
+What either holds, and whether it fits a model, is `state`'s.
 Either way a crash at any moment leaves every checkpoint that was complete before it
 readable. The highest sequence is the newest; the last K *usable* ones are kept. Usable
 means it reads back whole and its weights are finite: a damaged file is moved aside

@@ -5,10 +5,9 @@ Under MirroredStrategy a non-synchronized BatchNormalization updates its moving 
 variance on each replica from that replica's share of the batch, so the replicas end up
 holding different statistics. Left so, the trained model answers with each replica's own
 statistics while its `%tpu_sync` copy answers with their mean: the same model gives two
-accuracies (0.4604 vs 0.4703 measured on a small per-replica batch). Here every replica
-gets the mean, so the live model, its validation and its CPU copy all use one set. The
-moving mean of equal shares averages to the whole batch's exactly; the variance misses the
-spread between the shares' means (docs/limits.md).
+accuracies. Here every replica gets the mean, so the live model, its validation and its
+CPU copy all use one set. The moving mean of equal shares averages to the whole batch's
+exactly; the variance misses the spread between the shares' means (docs/limits.md).
 """
 
 from __future__ import annotations
