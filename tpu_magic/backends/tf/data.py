@@ -138,21 +138,17 @@ class ReplicaParts(input_lib.DistributedDataset):
     as Keras's TensorFlow trainer takes a distributed dataset: each element a structure of
     `PerReplica` values (`regroup`), which `strategy.run` hands out, a part to a replica.
 
-    Why not TensorFlow's own distribution:
-    - `experimental_distribute_dataset` (what Keras does with a plain dataset) feeds the
-      replicas through a MultiDeviceIterator, and freeing it after a `fit`'s last step
-      waits for its per-device datasets' autotune thread, for long enough to dominate a
-      cell (and it has hung).
-    - `distribute_datasets_from_function` has no such wait, but builds and starts one
-      pipeline per replica at every `fit`, a noticeable share of a short cell.
+    Not TensorFlow's own distribution: `experimental_distribute_dataset` (what Keras does
+    with a plain dataset) frees its MultiDeviceIterator after a `fit`'s last step only once
+    its per-device autotune threads wake, long enough to dominate a cell (and it can hang);
+    `distribute_datasets_from_function` starts one pipeline per replica at every `fit`, a
+    noticeable share of a short cell.
 
-    Iterating gives a Python iterator, so Keras runs a step a call (its loop over
-    `steps_per_execution` steps runs on the host; under several mirrored replicas
-    tpu_magic runs one step an execution anyway, keras-team/keras#19246). Each part is read
-    on the host and copied to its replica's device by the step.
-
-    Only what Keras and tpu_magic use of a distributed dataset is here (iterating, its
-    element spec, its cardinality); TensorFlow's own constructor is not run.
+    Iterating gives a Python iterator, so Keras runs a step a call (under several mirrored
+    replicas tpu_magic runs one step an execution anyway, keras-team/keras#19246); each part
+    is read on the host and copied to its replica's device by the step. Only what Keras and
+    tpu_magic use of a distributed dataset is here (iterating, its element spec, its
+    cardinality); TensorFlow's own constructor is not run.
     """
 
     def __init__(self, parts: tf.data.Dataset):  # pylint: disable=super-init-not-called
