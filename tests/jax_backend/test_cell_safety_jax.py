@@ -376,7 +376,8 @@ def test_layers_built_after_the_check_and_a_placed_model_start_as_in_plain_keras
              "inputs = keras.Input(shape=(8,))\nhead = keras.layers.Dense(3)\n"
              "joined = keras.Model(inputs, head(base(inputs)))\n"
              "initial = head.get_weights()[0]\n")
-    later = "later = keras.layers.Dense(3)\nlater.build((None, 8))\nafter = later.get_weights()[0]\n"
+    later = ("later = keras.layers.Dense(3)\nlater.build((None, 8))\n"
+             "after = later.get_weights()[0]\n")
     plain = plainly(setup, first)
     exec(later, plain)
     run_cell(ip, imports() + setup)

@@ -21,39 +21,6 @@ from support.same import both, same_history, same_values, same_weights
 NOISY_BIAS = dict(rel=2e-3, abs=1e-4)
 
 
-# examples/nlp/addition_rnn.py: sequence to sequence addition ("12+345" -> "357") with an LSTM
-# encoder, RepeatVector, an LSTM decoder and a softmax over characters at every step.
-def test_addition_rnn_learns_to_add_with_lstm_and_repeat_vector(ip):
-    plain, ours, _ = both(ip, """
-chars = "0123456789+ "
-DIGITS, MAXLEN = 2, 5
-rs = np.random.RandomState(0)
-def encode(text, rows):
-    x = np.zeros((rows, len(chars)), "float32")
-    for i, c in enumerate(text):
-        x[i, chars.index(c)] = 1
-    return x
-a, b = rs.randint(0, 100, 203), rs.randint(0, 100, 203)
-questions = [f"{p}+{q}".ljust(MAXLEN)[::-1] for p, q in zip(a, b)]
-answers = [str(p + q).ljust(DIGITS + 1) for p, q in zip(a, b)]
-x = np.stack([encode(q, MAXLEN) for q in questions])
-y = np.stack([encode(s, DIGITS + 1) for s in answers])
-x_train, x_val, y_train, y_val = x[:170], x[170:], y[:170], y[170:]
-""", """
-model = keras.Sequential([
-    keras.Input((MAXLEN, len(chars))),
-    keras.layers.LSTM(32),
-    keras.layers.RepeatVector(DIGITS + 1),
-    keras.layers.LSTM(32, return_sequences=True),
-    keras.layers.Dense(len(chars), activation="softmax"),
-])
-model.compile(loss="categorical_crossentropy", optimizer="adam", metrics=["accuracy"])
-history = model.fit(x_train, y_train, batch_size=32, epochs=2, shuffle=False, verbose=0)
-""")
-    same_history(plain, ours)
-    same_weights(plain, ours)
-
-
 # examples/nlp/multi_label_classification.py: multi-hot term vectors to multi-hot labels, an
 # MLP with sigmoid outputs, binary crossentropy and binary accuracy; then evaluate.
 def test_multi_label_classification_of_multi_hot_terms(ip):
@@ -205,7 +172,8 @@ history = model.fit(x_frames[:16], y_frames[:16], batch_size=8, epochs=2, shuffl
 
 # examples/vision/oxford_pets_image_segmentation.py: the example's U-Net-like model (a strided
 # stem, a SeparableConv2D block with a residual projection down, Conv2DTranspose blocks with
-# UpSampling2D up; one convolution a block here), a per-pixel softmax over 3 classes, sparse categorical crossentropy.
+# UpSampling2D up; one convolution a block here), a per-pixel softmax over 3 classes, sparse
+# categorical crossentropy.
 def test_unet_like_segmentation_with_residual_blocks(ip):
     plain, ours, _ = both(ip, """
 rs = np.random.RandomState(5)
@@ -305,48 +273,6 @@ probabilities = model.predict(points[:9], verbose=0)
 """)
     same_history(plain, ours)
     same_values(plain, ours, "probabilities", NOISY_BIAS)
-
-
-# examples/vision/convmixer.py: the example's ConvMixer (a patch stem, depthwise-convolution
-# mixing with a residual Add, pointwise convolution, GELU and BatchNorm), AdamW.
-def test_convmixer(ip):
-    plain, ours, _ = both(ip, """
-rs = np.random.RandomState(7)
-x_train = (rs.rand(60, 8, 8, 3) * 255).astype("float32")
-y_train = rs.randint(0, 5, 60)
-
-def activation_block(x):
-    x = keras.layers.Activation("gelu")(x)
-    return keras.layers.BatchNormalization()(x)
-
-def conv_stem(x, filters, patch_size):
-    x = keras.layers.Conv2D(filters, kernel_size=patch_size, strides=patch_size)(x)
-    return activation_block(x)
-
-def conv_mixer_block(x, filters, kernel_size):
-    x0 = x
-    x = keras.layers.DepthwiseConv2D(kernel_size=kernel_size, padding="same")(x)
-    x = keras.layers.Add()([activation_block(x), x0])
-    x = keras.layers.Conv2D(filters, kernel_size=1)(x)
-    return activation_block(x)
-
-def get_conv_mixer(image_size=8, filters=16, depth=1, kernel_size=3, patch_size=2,
-                   num_classes=5):
-    inputs = keras.Input((image_size, image_size, 3))
-    x = keras.layers.Rescaling(scale=1.0 / 255)(inputs)
-    x = conv_stem(x, filters, patch_size)
-    for _ in range(depth):
-        x = conv_mixer_block(x, filters, kernel_size)
-    x = keras.layers.GlobalAvgPool2D()(x)
-    return keras.Model(inputs, keras.layers.Dense(num_classes, activation="softmax")(x))
-""", """
-model = get_conv_mixer()
-model.compile(optimizer=keras.optimizers.AdamW(learning_rate=0.001, weight_decay=0.0001),
-              loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-history = model.fit(x_train, y_train, batch_size=16, epochs=2, shuffle=False, verbose=0)
-""")
-    same_history(plain, ours)
-    same_weights(plain, ours)
 
 
 # examples/generative/pixelcnn.py: the example's PixelConvLayer (a Conv2D whose kernel is
@@ -728,9 +654,9 @@ evaluation = model.evaluate(x, y, return_dict=True, verbose=0)
     same_values(plain, ours, "evaluation")
 
 
-# keras.layers.GroupNormalization, UnitNormalization and LayerNormalization(rms_scaling=True)
-# from their docstrings, with Discretization (fixed boundaries) and CategoryEncoding feeding
-# a categorical side input.
+# keras.layers.GroupNormalization, UnitNormalization and RMSNormalization from their
+# docstrings, with Discretization (fixed boundaries) and CategoryEncoding feeding a
+# categorical side input.
 def test_normalization_and_encoding_layers_from_their_docstrings(ip):
     plain, ours, _ = both(ip, """
 rs = np.random.RandomState(17)
@@ -747,7 +673,7 @@ h = keras.layers.UnitNormalization()(h)
 bins = keras.layers.Discretization(bin_boundaries=[0.25, 0.5, 0.75])(amount)
 one_hot = keras.layers.CategoryEncoding(num_tokens=4, output_mode="one_hot")(bins)
 h = keras.layers.concatenate([h, one_hot])
-h = keras.layers.LayerNormalization(rms_scaling=True)(keras.layers.Dense(8)(h))
+h = keras.layers.RMSNormalization()(keras.layers.Dense(8)(h))
 model = keras.Model([image, amount], keras.layers.Dense(3, activation="softmax")(h))
 model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
 history = model.fit([images, amounts], classes, batch_size=16, epochs=2, shuffle=False,
