@@ -164,10 +164,19 @@ PY
     say "site/index.html (open it from disk, or: $VENV/bin/python -m mkdocs serve)"
     ;;
   test)
+    # With no arguments: the quick lane first (-m quick: the unit suite and one cell a
+    # backend, a few minutes), so a broken install fails fast, then everything else.
+    # With arguments, pytest gets them as they are (`bash dev.sh test -m quick`).
     setup
     chromium
     shift
-    "$VENV/bin/python" -m pytest "$@"
+    if [ $# -eq 0 ]; then
+      say "the quick lane (pytest -m quick), then the rest (pytest -m 'not quick')"
+      "$VENV/bin/python" -m pytest -m quick
+      "$VENV/bin/python" -m pytest -m "not quick"
+    else
+      "$VENV/bin/python" -m pytest "$@"
+    fi
     ;;
   *)
     echo "usage: bash dev.sh demo | bash dev.sh test [pytest args] | bash dev.sh examples |" \

@@ -5,7 +5,7 @@
 Each pair is two fresh processes against a new, empty cache directory: the first compiles
 (and fills the cache), the second is the same notebook after a restart. Both run the seeds'
 CIFAR CNN (16×16 inputs) in one `%%tpu_train` cell on the JAX backend with TensorFlow blocked,
-as on Colab's TPU image (tests/compile_cache_run.py). Prints a table, writes JSON.
+as on Colab's TPU image (tests/support/compile_cache_run.py). Prints a table, writes JSON.
 """
 
 import argparse
@@ -25,7 +25,7 @@ def one_run(cache: Path, out: Path, simulate: int) -> dict:
                TPU_MAGIC_COMPILE_CACHE=str(cache))
     env.pop("KERAS_BACKEND", None)
     env.pop("XLA_FLAGS", None)
-    subprocess.run([sys.executable, str(TESTS / "compile_cache_run.py"), str(out),
+    subprocess.run([sys.executable, str(TESTS / "support" / "compile_cache_run.py"), str(out),
                     "--model", "cnn", "--simulate", str(simulate)],
                    env=env, check=True, capture_output=True, text=True, timeout=600)
     return json.loads(out.read_text())

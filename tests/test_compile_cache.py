@@ -13,7 +13,7 @@ HERE = Path(__file__).parent
 
 def _run(out: Path, cache: Path) -> dict:
     env = blocked_env(TPU_MAGIC_COMPILE_CACHE=str(cache))
-    run = subprocess.run([sys.executable, str(HERE / "compile_cache_run.py"), str(out)],
+    run = subprocess.run([sys.executable, str(HERE / "support" / "compile_cache_run.py"), str(out)],
                          env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return json.loads(out.read_text())

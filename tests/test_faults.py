@@ -13,7 +13,7 @@ from support.cells import ADAM, SIX_EPOCHS, train
 
 from tpu_magic.training.checkpoints.one_file import read_checkpoint
 
-RUN = Path(__file__).parent / "checkpoint_run.py"
+RUN = Path(__file__).parent / "support" / "checkpoint_run.py"
 
 
 def run(*args, timeout=300):

@@ -54,13 +54,26 @@ def test_jax_after_keras_started_on_tensorflow_says_to_restart(ip):
         ip.run_line_magic("tpu_connect", "--backend jax --simulate 8 --no-panel")
 
 
+@pytest.mark.quick
+def test_one_cell_trains_on_jax_in_a_process_without_tensorflow():
+    """The quick lane's JAX cell (the whole suite runs below): the seeds' CNN, checkpointed,
+    with a partial last batch and validation, on 8 simulated devices."""
+    require_jax()
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "--confcutdir=jax_backend",
+         "jax_backend/test_jax_backend.py::test_the_seed_cnn_trains_with_a_partial_last_batch"],
+        cwd=HERE, env=blocked_env(), capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+    assert "1 passed" in run.stdout
+
+
 # The JAX suite in two processes, each bounded by its own limit: published and unseen code
-# (test_unseen_jax.py: KerasHub models, about 20 minutes on a cold compilation cache on
+# (test_published_jax.py: KerasHub models, about 20 minutes on a cold compilation cache on
 # 2 cores) and the rest (the backend, plain-Keras parity, several hosts: about 12). One
 # process for all took 30 minutes cold, past one limit, with nothing wrong.
 JAX_SUITE_PARTS = {
-    "backend_and_hosts": ["jax_backend", "--ignore=jax_backend/test_unseen_jax.py"],
-    "unseen": ["jax_backend/test_unseen_jax.py"],
+    "backend_and_hosts": ["jax_backend", "--ignore=jax_backend/test_published_jax.py"],
+    "published": ["jax_backend/test_published_jax.py"],
 }
 
 # A process that dies (XLA aborts it, for one) takes pytest's captured output with it. So the
@@ -183,7 +196,7 @@ def test_a_tf_data_cell_on_hosts_equals_one_process_where_tensorflow_is_installe
     # issue 32: Kaggle's TPU image has JAX with tensorflow-cpu, so a cell's tf.data pipeline
     # (shuffled, mapped, a short last batch, validation and evaluate) runs on every host;
     # the hosts suite blocks TensorFlow, so this runs in a process of its own
-    # (tests/hosts_tfdata_run.py), TensorFlow importable, Keras on JAX
+    # (tests/support/hosts_tfdata_run.py), TensorFlow importable, Keras on JAX
     if importlib.util.find_spec("jax") is None or importlib.util.find_spec("ipyparallel") is None:
         if os.environ.get("TPU_MAGIC_JAX") == "required":
             pytest.fail("TPU_MAGIC_JAX=required but jax or ipyparallel is not installed")
@@ -192,7 +205,7 @@ def test_a_tf_data_cell_on_hosts_equals_one_process_where_tensorflow_is_installe
 
     env = {k: v for k, v in os.environ.items()
            if k not in ("KERAS_BACKEND", "XLA_FLAGS", "PYTHONPATH")}
-    run = subprocess.run([sys.executable, str(HERE / "hosts_tfdata_run.py")], cwd=HERE,
+    run = subprocess.run([sys.executable, str(HERE / "support" / "hosts_tfdata_run.py")], cwd=HERE,
                          env=env, capture_output=True, text=True, timeout=540)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     found = json.loads(run.stdout.strip().splitlines()[-1])

@@ -55,7 +55,8 @@ model.fit(x, y, batch_size=64, epochs=1, verbose=0)
     assert parity.likely.startswith("a loss"), parity.likely
     loss = dict((key, (ours, theirs)) for key, ours, theirs in parity.logs)["loss"]
     assert loss[0] != pytest.approx(loss[1], rel=1e-3)
-    assert "first batch in inference mode (random layers off" in parity.line()
+    assert parity.line().startswith("first batch, compared in inference mode, DIFFERS from "
+                                    "one device (random layers such as Dropout are off")
 
 
 def test_a_batch_level_loss_is_caught_in_the_training_step(sim8, capsys):

@@ -3,6 +3,8 @@
 import re
 from pathlib import Path
 
+import pytest
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
@@ -11,6 +13,7 @@ def opening_blocks():
     return re.findall(r"```python\n(.*?)```", text, re.S)[:4]
 
 
+@pytest.mark.quick
 def test_the_opening_example_runs_as_written(fresh):
     import tpu_magic
 

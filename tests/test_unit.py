@@ -6,9 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 HERE = Path(__file__).parent
 
 
+@pytest.mark.quick
 def test_the_unit_suite_passes_without_tensorflow():
     env = dict(os.environ, PYTHONPATH=str(HERE / "without_tensorflow"))
     # As a person types it, from the repository's root.

@@ -321,7 +321,8 @@ def test_a_later_cell_reuses_the_flops_counted_for_the_same_model(ip, monkeypatc
     backend = type(tpu_magic.session().backend)
     own, asked = backend.training_flops, []
     monkeypatch.setattr(backend, "training_flops",
-                        lambda self, model: asked.append(model.name) or own(self, model))
+                        lambda self, model, batch=None: asked.append(model.name) or
+                        own(self, model, batch))
     fit = "{0}.fit(x[:512], y[:512], batch_size=128, epochs=1, verbose=0)"
     build = """
 keras.utils.set_random_seed(4)
@@ -533,6 +534,14 @@ lm.fit(rows, epochs=1, verbose=0)  # a dataset of the user's own: tokens from it
     assert "prefetch_buffer_size" not in caplog.text
     assert report.samples_per_second
     assert report.tokens_per_second == pytest.approx(report.samples_per_second * 12)
+    # its FLOPs counted by XLA from the batch it is fed (the model leaves the sequence
+    # length open): TFLOP/s in the report, against the measured peak where --check ran
+    used = report.utilization
+    assert used.flops_per_sample and used.source == "XLA cost analysis"
+    assert used.achieved_tflops == pytest.approx(
+        used.flops_per_sample * report.samples_per_second / 1e12)
+    assert "TFLOP/s" in report.summary() and "MFLOP a sample (XLA cost analysis)" in \
+        report.summary()
 
 
 def test_syncing_a_model_the_host_cannot_hold_is_refused_before_gathering(ip, monkeypatch):
@@ -659,6 +668,11 @@ def test_shard_auto_keeps_data_parallel_where_it_fits_and_splits_the_model_where
     monkeypatch.setenv("TPU_MAGIC_DEVICE_MEMORY_BYTES", str(int(0.6 * data_peak * 2**30)))
     plain = {}
     exec("import numpy as np, keras\n" + SHARDED, plain)
+    from tpu_magic.backends.jax import data
+
+    built, build = [], data.train_pipeline  # the data rows each training input is built for
+    monkeypatch.setattr(data, "train_pipeline", lambda *args, **options: built.append(
+        data.row_split(options["strategy"]).rows) or build(*args, **options))
     report = train(ip, SHARDED, "--no-progress --shard auto")
     assert ip.user_ns["history"].history["loss"] == pytest.approx(
         plain["history"].history["loss"], rel=1e-4)
@@ -666,8 +680,8 @@ def test_shard_auto_keeps_data_parallel_where_it_fits_and_splits_the_model_where
     chosen = re.search(r"mesh (\d)x(\d)$", report.memory_plan)
     rows, columns = int(chosen.group(1)), int(chosen.group(2))
     assert rows * columns == 8 and columns > 1 and report.replicas == rows
-    # the fit's inputs were planned and built again for the chosen mesh's data rows
-    assert report.per_replica == report.global_batch // rows
+    # the placement was settled before any input existed: built once, for the mesh's rows
+    assert built == [rows] and report.per_replica == report.global_batch // rows
     planned = float(re.search(r"memory plan: ([\d.e-]+)", report.memory_plan).group(1))
     assert planned <= 0.9 * 0.6 * data_peak
     assert report.sharding[0].startswith(f"sharding: mesh {rows}x{columns}")
@@ -679,6 +693,7 @@ def test_shard_auto_keeps_data_parallel_where_it_fits_and_splits_the_model_where
     with pytest.raises(UsageError, match=r"even on a 1x8 mesh.*Nothing has run"):
         train(ip, SHARDED, "--no-progress --shard auto")
     assert int(ip.user_ns["sharded"].optimizer.iterations.numpy()) == 0
+    assert built == [rows]  # refused before any input was built
 
 
 def test_lora_adapters_alone_are_saved_small_and_load_back(ip, tmp_path):
@@ -751,7 +766,7 @@ def test_a_lora_language_models_checkpoints_hold_what_trains_and_resume(ip, tmp_
 
 
 def test_a_process_killed_while_orbax_commits_a_checkpoint_resumes_from_the_one_before(tmp_path):
-    """In processes of their own (tests/orbax_kill_run.py): a real SIGKILL inside orbax's
+    """In processes of their own (tests/support/orbax_kill_run.py): a real SIGKILL inside orbax's
     commit of epoch 2 (every shard written, the rename not done), then `--resume`."""
     import os
     import subprocess
@@ -763,7 +778,7 @@ def test_a_process_killed_while_orbax_commits_a_checkpoint_resumes_from_the_one_
         env.pop(name, None)
 
     def run(*flags):
-        done = subprocess.run([sys.executable, str(tests / "orbax_kill_run.py"), str(tmp_path),
+        done = subprocess.run([sys.executable, str(tests / "support" / "orbax_kill_run.py"), str(tmp_path),
                                *flags], env=env, capture_output=True, text=True, timeout=300)
         said = [line.split() for line in done.stdout.splitlines()]
         return done, {int(w[1]): float(w[2]) for w in said if w[:1] == ["loss"]}, said
@@ -782,7 +797,7 @@ def test_a_process_killed_while_orbax_commits_a_checkpoint_resumes_from_the_one_
 
 @pytest.mark.parametrize("flags", ["--plan-for v5e-8", "--shard model --mesh 2x4"])
 def test_the_plans_peak_is_within_30_percent_of_the_measured_one(flags):
-    """In a process of its own (tests/peak_run.py): the 8 simulated devices share its memory,
+    """In a process of its own (tests/support/peak_run.py): the 8 simulated devices share its memory,
     so a compiled step's growth of its resident high-water mark, over 8, plus the state a
     device holds, is one device's measured peak."""
     import json
@@ -794,7 +809,7 @@ def test_the_plans_peak_is_within_30_percent_of_the_measured_one(flags):
     env = dict(os.environ, PYTHONPATH=str(tests / "without_tensorflow"))
     for name in ("KERAS_BACKEND", "XLA_FLAGS", "JAX_PLATFORMS", "TPU_MAGIC_DEVICE_MEMORY_BYTES"):
         env.pop(name, None)
-    run = subprocess.run([sys.executable, str(tests / "peak_run.py"), *flags.split()], env=env,
+    run = subprocess.run([sys.executable, str(tests / "support" / "peak_run.py"), *flags.split()], env=env,
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])

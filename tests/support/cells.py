@@ -22,7 +22,7 @@ model = {DENSE_MODEL}
 model.compile(keras.optimizers.Adam(0.01), "sparse_categorical_crossentropy", metrics=["accuracy"])
 """
 
-# six epochs of DENSE's model under Adam: checkpoint_run.py trains it in a process that is
+# six epochs of DENSE's model under Adam: support/checkpoint_run.py trains it in a process that is
 # killed and resumed, test_faults.py in its own process straight through
 SIX_EPOCHS = f"""
 keras.utils.set_random_seed(3)

@@ -255,3 +255,27 @@ def test_the_write_rule_finds_a_write_where_there_is_one():
                      "def g():\n    global LIMIT\n    LIMIT = 4\n    _seen.clear()\n")
     assert module_writes(tree) == ["_seen.clear()", "_seen[...]", "global LIMIT",
                                    "os.environ[...]"]
+
+
+# The shape ARCHITECTURE.md describes, held: thin magics over the logic, a cell that routes
+# and records (its steps are modules of their own), and training/'s top level a few files
+# beside a folder a job.
+MAGIC_LINES, CELL_LINES, TRAINING_FILES = 30, 250, 12
+
+
+def _definitions(path: Path) -> dict[str, int]:
+    """Each top-level class's and each class's methods' lines, by name."""
+    found = {}
+    for node in ast.walk(_tree(path)):
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
+            found[node.name] = node.end_lineno - node.lineno + 1
+    return found
+
+
+def test_the_magics_are_thin_and_the_cell_routes_and_records():
+    magics = _definitions(PACKAGE / "notebook" / "magics.py")
+    assert {name: magics[name] for name in ("tpu_connect", "tpu_train", "tpu_sync")
+            if magics[name] > MAGIC_LINES} == {}
+    assert _definitions(PACKAGE / "training" / "cell.py")["TrainingCell"] <= CELL_LINES
+    top = sorted(p.name for p in (PACKAGE / "training").glob("*.py"))
+    assert len(top) <= TRAINING_FILES, top

@@ -1,11 +1,11 @@
-"""A call's batch and what becomes of the samples that do not fill it (training/planning.py),
+"""A call's batch and what becomes of the samples that do not fill it (training/inputs/planning.py),
 against a stand-in connection: no Keras, no arrays."""
 
 from dataclasses import dataclass, field
 
 import pytest
 
-from tpu_magic.core.batching import BatchPlan
+from tpu_magic.core.batching import BatchPlan, plan_batches
 from tpu_magic.core.errors import BatchSizeError
 from tpu_magic.training.inputs.planning import (batched_input, choose_batch, is_dataset, padded_batch,
                                          pads, read_once, remainder_for, scale_learning_rate,
@@ -63,7 +63,10 @@ class Dataset:
 
 def choose(method="fit", call=None, named=(), connection=None, flag=None, static=None):
     call = {"x": ROWS} if call is None else call
-    return choose_batch(method, call, set(named), connection or Connection(), flag, static)
+    connection = connection or Connection()
+    requested = None if flag is None else plan_batches(  # as the request plans --batch-size
+        flag, connection.replicas, tpu_rules=connection.tpu_rules, what="--batch-size")
+    return choose_batch(method, call, set(named), connection, requested, static)
 
 
 # -- which batch a call means ---------------------------------------------------------------

@@ -45,6 +45,9 @@ class Backend(Protocol):
     # a step computes over the whole global batch (JAX); else each replica over its own share
     step_sees_global_batch: bool
     evaluates_rest: bool  # evaluate's left-out samples run on one device (`evaluate_rest`)
+    # K steps an execution run as one program on the devices, set for each call
+    # (`grouped_steps`); else Keras's own `steps_per_execution`, set on the model
+    groups_steps: bool
 
     def connect(self, chosen: "Target", simulate: int | None, *, explicit_gpu: bool,
                 compile_cache: str | None, env: Mapping[str, str],
@@ -128,6 +131,19 @@ class Backend(Protocol):
 
     def steps_per_execution_note(self, connection: "Connection", steps: int) -> str | None:
         """Why `steps` per execution cannot run on this connection, or None where it can."""
+
+    def step_times(self, model: Any, kind: str, batch: Any) -> "tuple[float, float] | None":
+        """One `kind` ("train", "test", "predict") step of the model on `batch` (one batch,
+        NumPy), measured without changing the model: its device seconds and the host's
+        seconds to place the batch and dispatch the step (None: this backend does not
+        measure; `training.fit.steps` then keeps one step an execution)."""
+
+    def grouped_steps(self, model: Any, steps: int, sources: "Mapping[str, Any] | None" = None,
+                      lengths: "Mapping[str, int] | None" = None) -> ContextManager[Any]:
+        """While a call of the model runs: `steps` steps an execution, one dispatch each;
+        `sources`: tpu_magic's own pipelines by role ("train", "test", "predict"), which
+        the backend may read a group at a time; `lengths`: the steps of a pass by role,
+        where known (an execution never reads into the next pass)."""
 
     def jit_compile_note(self, connection: "Connection", model: Any) -> str | None:
         """Why the model's `jit_compile=True` cannot run on this connection (tpu_magic then
@@ -217,8 +233,9 @@ class Backend(Protocol):
     def compile_counts(self) -> "CompileCounts | None":
         """Programs compiled and loaded from the persistent cache so far (None: not known)."""
 
-    def training_flops(self, model: Any) -> "tuple[float, str] | None":
-        """FLOPs of one training sample and where the count comes from (None: not known)."""
+    def training_flops(self, model: Any, batch: Any = None) -> "tuple[float, str] | None":
+        """FLOPs of one training sample and where the count comes from (None: not known);
+        `batch`: a batch the model is fed, for inputs whose sizes the model leaves open."""
 
 
 

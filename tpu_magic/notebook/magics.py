@@ -92,14 +92,6 @@ class TpuMagics(Magics, Configurable):
             %tpu_connect --simulate 2x4   # rehearse 2 hosts of 4 devices (ipyparallel engines)
             %tpu_connect --hosts slice    # a running ipyparallel cluster, one engine a host
         """
-        from dataclasses import replace
-
-        from tpu_magic.connecting.check import run_check
-        from tpu_magic.connecting.connect import connect
-        from tpu_magic.notebook.quiet import (native_load_notes_dropped, quiet_native_logs,
-                                              tensorflow_info_silenced)
-        from tpu_magic.core.session import session
-
         from tpu_magic.notebook.workspace import require_process_idle
 
         args = _parse(self.tpu_connect, line)
@@ -108,18 +100,31 @@ class TpuMagics(Magics, Configurable):
         _end_hosts()  # a new connection replaces the hosts a notebook drove
         if args.hosts or layout:
             return self._connect_hosts(args.hosts, layout, args.timeout)
+        result = self._connect(args, simulate)
+        if not args.no_panel:
+            self._show_panel(result)
+        return result
+
+    def _connect(self, args, simulate: int | None):
+        """One host: the connection (`connecting.connect`), the workspace told, and the
+        device check where `--check` asks; framework chatter kept out of the cell."""
+        from dataclasses import replace
+
+        from tpu_magic.connecting.check import run_check
+        from tpu_magic.connecting.connect import connect
+        from tpu_magic.core.session import session
+        from tpu_magic.notebook.quiet import (native_load_notes_dropped, quiet_native_logs,
+                                              tensorflow_info_silenced)
+
         quiet_native_logs()
         with tensorflow_info_silenced(), native_load_notes_dropped():
-            result = connect(
-                args.target, simulate=simulate, backend=args.backend,
-                compile_cache=args.compile_cache, timeout=self.timeout if args.timeout is None else args.timeout,
-            )
+            result = connect(args.target, simulate=simulate, backend=args.backend,
+                             compile_cache=args.compile_cache,
+                             timeout=self.timeout if args.timeout is None else args.timeout)
         self.workspace.connected(session())
         if args.check:
             result = replace(result, check=run_check(session()))
             self.workspace.check = result.check  # its measured peak for the reports' utilization
-        if not args.no_panel:
-            self._show_panel(result)
         return result
 
     def _connect_hosts(self, name: str | None, layout: tuple[int, int] | None,
@@ -219,10 +224,11 @@ class TpuMagics(Magics, Configurable):
     @argument("--epochs", type=int, metavar="N", help="epochs for fit calls that name none")
     @argument("--scale-lr", action="store_true",
               help="scale the learning rate linearly with the global batch (× replicas)")
-    @argument("--steps-per-execution", type=int, metavar="K",
-              help="run K steps per execution: one call into the device on TensorFlow, "
-                   "a host loop of K calls on JAX with Keras 3.15; callbacks and the bar "
-                   "once an execution")
+    @argument("--steps-per-execution", metavar="K|auto",
+              help="run K steps per execution, one dispatch to the device (on JAX a "
+                   "compiled loop over K batches); callbacks' batch hooks and the bar once an "
+                   "execution. auto (default): the model's own, else on JAX chosen from a "
+                   "measured step, so the host takes under 5 percent of the time")
     @argument("--checkpoint", metavar="DIR",
               help="after every epoch, write weights, optimizer state and epoch to DIR")
     @argument("--keep", type=int, metavar="K",
@@ -267,26 +273,32 @@ class TpuMagics(Magics, Configurable):
             model.fit(x_train, y_train, epochs=50)
         """
         from tpu_magic.core import process
+
+        __tracebackhide__ = True  # noqa: F841
+        args = _parse(self.tpu_train, line)
+        self.workspace.require_idle("%%tpu_train")
+        if process.hosts() is not None:  # every host runs the cell (multi-controller JAX)
+            return self._train_on_hosts(process.hosts(), line, cell, args.no_progress)
+        report = self._train(args, cell)
+        self._leave_a_picture(report)
+        return report
+
+    def _train(self, args, cell: str):
+        """The cell's code run by its `TrainingCell`; the workspace records the cell even
+        where it failed. Framework chatter is kept out of the cell."""
         from tpu_magic.notebook.cell_run import cell_work
         from tpu_magic.notebook.quiet import (quiet_native_logs, tensorflow_info_silenced,
                                               tensorflow_load_notes_dropped)
 
         __tracebackhide__ = True  # noqa: F841
-        args = _parse(self.tpu_train, line)
-        workspace = self.workspace
-        workspace.require_idle("%%tpu_train")
-        if process.hosts() is not None:  # every host runs the cell (multi-controller JAX)
-            return self._train_on_hosts(process.hosts(), line, cell, args.no_progress)
         quiet_native_logs()
         with tensorflow_info_silenced():
             training = self._training_cell(args)
             try:
                 with cell_work(self.shell, cell) as work, tensorflow_load_notes_dropped():
-                    report = training.run(work)
+                    return training.run(work)
             finally:
-                workspace.cell_ended(training)
-        self._leave_a_picture(report)
-        return report
+                self.workspace.cell_ended(training)
 
     def _training_cell(self, args):
         """The cell's `TrainingCell`: connected (auto, said, where nothing is), its request

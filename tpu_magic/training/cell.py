@@ -1,52 +1,48 @@
-"""Running a cell's Keras training on the connection's strategy: the cell's orchestration.
+"""A `%%tpu_train` cell's orchestration: `TrainingCell` routes the cell's Keras calls to
+their steps and records what each did.
 
-`fit`, `evaluate` and `predict` of the models a `%%tpu_train` cell runs (and, later, of
-the models it built or rewrapped: see `routing`) go through `TrainingCell`, given the
-cell's request (its flags, checked: `request`) and placed (`placement`): each call's batch
-is checked before anything runs, NumPy inputs become whole batches (see `backends.tf.data`,
-`backends.jax.data`), padding is masked out of losses and metrics (see `exactness`), and `fit`
-gets a live progress bar; what each call did goes into the report (`report`).
+`fit`, `evaluate` and `predict` of the models a cell runs (and, later, of the models it
+built or rewrapped: see `routing`) come here. A `fit` is planned (`fit.plan`: its batch,
+the placement settled from its first batch), its inputs built once for the plan
+(`inputs.build`), and run (`fit.run`); `evaluate` and `predict` are `calls`. The cell
+speaks (notes, said once) and keeps the `CellRecord` the report is built from.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
-import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Iterator, Mapping, MutableMapping
+from typing import Any, Callable, ContextManager, Mapping, MutableMapping
 
 import keras
 
-from tpu_magic.core import arrays
-from tpu_magic.core.batching import BatchPlan, plan_batches
-from tpu_magic.core.errors import CheckpointError, RewrapError
 from tpu_magic.core.session import Connection
 from tpu_magic.core.variables import name_of
-from tpu_magic.training.checkpoints import cell_checkpoints as checkpoints
-from tpu_magic.training.inputs import exactness
-from tpu_magic.training.parity import compare as parity
-from tpu_magic.training.placement import place as placement
-from tpu_magic.training.inputs import planning
-from tpu_magic.training.models import precision
 from tpu_magic.training import routing
-from tpu_magic.training.placement import sharding
-from tpu_magic.training.fit import utilization
-from tpu_magic.training.fit.agreement import ReplicasAgree
+from tpu_magic.training.calls import Calls, predict_on_batch_call, rows_of
 from tpu_magic.training.cell_code import (assigned_before, hand_written_loop,
                                           layout_owners, names_in)
-from tpu_magic.training.inputs.build import Inputs, given_batch_size
+from tpu_magic.training.checkpoints import cell_checkpoints
+from tpu_magic.training.fit import utilization
+from tpu_magic.training.fit.plan import FitPlan, plan_fit
+from tpu_magic.training.fit.progress import TrainingView
+from tpu_magic.training.fit.run import (FitHooks, Measures, interrupted_line, notes_of,
+                                        progress_for, ready, run_fit)
+from tpu_magic.training.inputs import planning
+from tpu_magic.training.inputs.build import Built, Inputs
+from tpu_magic.training.models import precision
+from tpu_magic.training.models.rewrap import (built_for, built_outside, custom_objects_from,
+                                              place_model, rewrap_namespace)
 from tpu_magic.training.models.setup import prepare, settle_traced_state
-from tpu_magic.training.fit.progress import FitProgress, FitTiming, TrainingView
-from tpu_magic.training.report import CellRecord, FitOutcome, TrainReport
+from tpu_magic.training.parity.check import checks, first_step_check
+from tpu_magic.training.placement import place as placement
+from tpu_magic.training.placement import sharding
+from tpu_magic.training.report import CellRecord, TrainReport
 from tpu_magic.training.request import TrainRequest
-from tpu_magic.training.models.rewrap import (built_for, built_outside, compile_again,
-                                      custom_objects_from, made_outside,
-                                      rewrap_namespace)
-from tpu_magic.training.fit.stopping import StopOnEvent, stop_on_interrupt
 from tpu_magic.training.sync.cpu_copy import compiled_like, cpu_copy
-
 
 # Its steps are not `strategy.run` calls, and its optimizer would update replicated variables
 # from outside a replica (TensorFlow: "DistributedVariable.handle is not available outside
@@ -96,24 +92,17 @@ class TrainingCell:
     """Routes every Keras `fit`/`evaluate`/`predict` through tpu_magic while a cell runs.
 
     Args:
-        connection: what `%tpu_connect` made (strategy, replicas, backend).
-        request: the cell's flags, read and checked (`request.read_request`).
-        namespace: the user's namespace (models are looked up and rebound there).
-        say: prints one line to the user.
-        bar: a tqdm-like class for progress bars (None: no bars).
-        view: shows the training live too (the panel's training area).
-        agreed: first-step setups that agreed with one device earlier in this notebook
-            (`parity.setup_key`): not compared again.
-        inputs_measured: a batch's input seconds measured on earlier fits of tpu_magic's
-            own pipelines, by key (`Inputs.measurable_key`): not drawn again.
-        flops_counted: training FLOPs of a sample counted in earlier cells, by
-            `utilization.flops_key`: not counted again.
+        connection / request: what `%tpu_connect` made; the cell's flags, checked.
+        namespace / say: the user's namespace; prints one line to the user.
+        bar / view: a tqdm-like class for bars (None: none); the panel's training area.
+        agreed / inputs_measured / flops_counted: what earlier cells of this notebook
+            measured, not measured again: first-step setups that agreed with one device
+            (`parity.compare.setup_key`), a batch's input seconds (`Built.measurable_key`),
+            a sample's FLOPs (`utilization.flops_key`).
+        watch: around each Keras call, by name (an engine of several hosts says where it is).
 
-    The cell goes one way: the request, the placement (`placement.place`, settled again
-    before a fit's first step), the run (each Keras call a step of its own, whose outcome is
-    recorded), and the report, built once when `run` ends: `report` is then
-    the frozen `TrainReport`, and `last_fit` the last `fit` the cell made (what the panel's
-    Train repeats). It writes no shared state.
+    When `run` ends, `report` is the frozen `TrainReport` and `last_fit` the last `fit` the
+    cell made (what the panel's Train repeats). It writes no shared state.
     """
 
     def __init__(self, connection: Connection, request: TrainRequest,
@@ -123,54 +112,28 @@ class TrainingCell:
                  inputs_measured: Mapping[str, float] | None = None,
                  flops_counted: Mapping[str, Any] | None = None,
                  watch: Callable[[str], ContextManager[Any]] | None = None):
-        self.request = request
-        self.code = ""  # run's cell: the classes it names lay out a mesh (`layout_owners`)
-        self.before: dict[str, Any] = {}  # what the names the cell assigns held before it
+        self.request, self.namespace, self.say, self.bar, self.view = \
+            request, namespace, say, bar, view
+        self.agreed, self.inputs_measured = agreed, dict(inputs_measured or {})
+        self.code, self.before = "", {}  # the cell's code, what the names it assigns held
         self.layout_owners = lambda: layout_owners(self.code, namespace, self.before)
         self.placement = placement.place(connection, request, self.layout_owners)
-        self.namespace = namespace
-        self.say = say
-        self.bar = bar
-        self.view = view
-        connection = self.placement.connection
-        self.record = CellRecord(strategy=connection.strategy_name,
-                                 replicas=connection.replicas)
+        self.record = CellRecord(strategy=self.connection.strategy_name,
+                                 replicas=self.connection.replicas)
         self.report: TrainReport = self.record.report()  # built again when the cell ends
-        self.last_model: Any = None
-        self.last_fit: FitCall | None = None
+        self.last_model, self.last_fit = None, None  # the model trained last, its `FitCall`
         self.stop_event: threading.Event | None = None  # set: stop at the next batch
-        self.inputs = self._inputs()
-        self.checkpoints: checkpoints.CellCheckpoints | None = None  # --checkpoint
+        self.checkpoints: cell_checkpoints.CellCheckpoints | None = None  # --checkpoint
         self.flops = utilization.FlopCounts(connection.backend, flops_counted)
         self.verified = False  # the cell's first fit ran the parity check (or skipped it)
-        self.agreed = agreed
-        # a batch's input seconds of tpu_magic's own pipelines, by key, from earlier fits of
-        # this notebook and this cell (`utilization.input_need`)
-        self.inputs_measured = dict(inputs_measured or {})
-        # around each Keras call the cell makes (an engine of several hosts tells the
-        # notebook where it is: `hosts.progress.in_call`)
         self.watch = watch or (lambda name: contextlib.nullcontext())
 
     @property
-    def connection(self) -> Connection:
-        """The connection the cell trains on now (the placement's)."""
+    def connection(self) -> Connection:  # the placement's: what the cell trains on now
         return self.placement.connection
 
-    @property
-    def mesh(self) -> tuple[int, int] | None:
-        return self.placement.mesh
-
-    @property
-    def precision(self) -> precision.Precision | None:
-        return self.request.precision
-
-    def _inputs(self) -> Inputs:
-        return Inputs(self.connection, self._note, self.record.left_out,
-                      lambda model: self._name_of(model) or model.name)
-
     def run(self, work: CellCode | FitAgain) -> TrainReport:
-        """The cell's one entry point: the `%%tpu_train` cell's code (`CellCode`: rewraps the
-        models it names, then runs it with the strategy in force), or the last `fit` again
+        """The cell's one entry point: its code (`CellCode`), or the last `fit` again
         (`FitAgain`, the panel's Train). Returns the report, built once when it ends."""
         __tracebackhide__ = True  # noqa: F841 - the cell's own errors show the cell, not us
         start = time.perf_counter()
@@ -180,56 +143,43 @@ class TrainingCell:
             else:
                 self._run(work.execute, work.code)
         finally:
-            self._reported(start)
+            self.record.seconds = time.perf_counter() - start
+            self.record.model_name = name_of(self.namespace, self.last_model)
+            self.report = self.record.report()
         return self.report
-
-    def _reported(self, start: float) -> None:
-        """The cell ended (or failed): its report, built once from what it recorded."""
-        self.record.seconds = time.perf_counter() - start
-        self.record.model_name = self._name_of(self.last_model)
-        self.report = self.record.report()
 
     def _run(self, execute: Callable[[], Any], cell: str) -> None:
         __tracebackhide__ = True  # noqa: F841
         self.code, self.before = cell, assigned_before(cell, self.namespace)
-        if self.request.checkpoint is not None:
-            self.checkpoints = checkpoints.CellCheckpoints(
-                self.request.checkpoint, self.request.keep, self.request.resume)
-        if self.precision is not None:
-            self.record.precision = self.precision.describe()
+        self.checkpoints = cell_checkpoints.for_request(self.request)
+        if self.request.precision is not None:
+            self.record.precision = self.request.precision.describe()
         if self.connection.replicas > 1 and hand_written_loop(cell):
-            self._run_on_one_device(execute)
-            return
+            self._note(ONE_DEVICE.format(replicas=self.connection.replicas))
+            with precision.in_force(self.request.precision):
+                return execute()
         self._follow_users_distribution()
-        strategy = self.connection.strategy
         for done in rewrap_namespace(self.namespace, names_in(cell), self.connection):
-            line = done.summary(self.connection.strategy_name, self.connection.replicas)
             self.record.rewrapped.extend(done.names)
-            self.say(line)
+            self.say(done.summary(self.connection.strategy_name, self.connection.replicas))
         kept, entered = None, self.connection
         try:
-            with strategy.scope(), routing.cell(self), precision.in_force(self.precision):
+            with entered.strategy.scope(), routing.cell(self), \
+                    precision.in_force(self.request.precision):
                 try:
                     execute()
                 finally:  # a distribution the cell set stays in force, as in plain Keras
-                    kept = self.connection.backend.users_distribution(entered)
+                    kept = entered.backend.users_distribution(entered)
         finally:
             if kept is not None:
                 self.connection.backend.keep_in_force(kept[0].strategy)
             self._adopt_namespace()
-            if self.mesh is not None and self.last_model is not None:
-                lines, notes = sharding.of_model(self.connection, self.last_model, self.mesh)
+            if self.placement.mesh is not None and self.last_model is not None:
+                lines, notes = sharding.of_model(self.connection, self.last_model,
+                                                 self.placement.mesh)
                 self.record.sharding = tuple(lines)
                 for note in notes:
-                    self._note(note, "warning: ")
-
-    def _run_on_one_device(self, execute: Callable[[], Any]) -> None:
-        """A cell with its own GradientTape loop runs as a plain cell, on one device (see
-        `ONE_DEVICE`)."""
-        __tracebackhide__ = True  # noqa: F841
-        self._note(ONE_DEVICE.format(replicas=self.connection.replicas))
-        with precision.in_force(self.precision):
-            execute()
+                    self._warn(note)
 
     def _adopt_namespace(self) -> None:
         """Models the cell left in the namespace that belong to the strategy keep routing."""
@@ -245,96 +195,41 @@ class TrainingCell:
                                               self.namespace, say=self.say))
 
     def _fit_again(self, last: FitCall, stop_event: threading.Event | None) -> None:
-        """Repeats a recorded `fit` from the current weights with this cell's batch and
-        epochs; when `stop_event` is set, training stops at the next batch boundary."""
+        """A recorded `fit` again from the current weights, with this cell's batch and
+        epochs; when `stop_event` is set, it stops at the next batch boundary."""
         self.stop_event = stop_event
-        call = dict(last.arguments, initial_epoch=0, verbose=0)
         named = set(last.named) - {"batch_size", "epochs", "initial_epoch"}
-        with self.connection.strategy.scope(), routing.inside_keras(), \
-                self.connection.backend.replica_steps(last.model, self.connection):
-            try:
-                self._fit(last.model, call, named)
-            finally:
-                settle_traced_state(last.model)
-
-    # -- routing ---------------------------------------------------------------------------
+        self.route("fit", last.model, dict(last.arguments, initial_epoch=0, verbose=0), named)
 
     def route(self, name: str, model: Any, call: dict, named: set) -> Any:
-        """`model.<name>(...)` through tpu_magic (see `routing`). When the call ends, what
-        holds the inputs built for it is dropped (`_drop_inputs`)."""
+        """`model.<name>(...)` through tpu_magic (see `routing`)."""
         with self.watch(name):
-            try:
-                return self._route(name, model, call, named)
-            finally:
-                self._drop_inputs(call)
-
-    def _drop_inputs(self, call: dict) -> None:
-        """The call's arguments (`routing` made the dict for this call alone) and the cell's
-        `Inputs` hold the pipelines built for it, which on TensorFlow hold a copy of the
-        arrays. A cell's objects refer to each other (the cell, its inputs and its progress
-        hold each other's methods), so without this they went only at Python's next full
-        collection, which comes seldom: measured on the seeds' CNN over 8 simulated replicas,
-        5 fits' pipelines (each a 96 MiB copy of the images) were alive after 5 cells."""
-        call.clear()
-        self.inputs.drop_pipelines()
-
-    def _route(self, name: str, model: Any, call: dict, named: set) -> Any:
-        self._follow_users_distribution()
-        if built_outside(model, self.connection):
-            self._place(model)
-        self._adopt(model)
-        planning.as_arrays(call)
-        with self.connection.strategy.scope(), routing.inside_keras(), \
-                self.connection.backend.replica_steps(model, self.connection):
-            try:
-                return getattr(self, "_" + name)(model, call, named)
-            finally:
-                settle_traced_state(model)
+            self._follow_users_distribution()
+            if built_outside(model, self.connection):
+                self._note(place_model(model, self.connection, self.namespace,
+                                       self._label(model)))
+            self._adopt(model)
+            call = planning.as_arrays(call)
+            with self.connection.strategy.scope(), routing.inside_keras(), \
+                    self.connection.backend.replica_steps(model, self.connection):
+                try:
+                    return getattr(self, "_" + name)(model, call, named)
+                finally:
+                    settle_traced_state(model)
 
     def _follow_users_distribution(self) -> None:
-        """A distribution the user's own code put in force (before the cell or in it) wins
-        over tpu_magic's: the cell's calls train with it from now on, said once."""
-        found = self.connection.backend.users_distribution(self.connection)
-        if found is None:
-            return
-        ours = self.connection.strategy_name
-        connection, described = found
-        self._placed(placement.Placement(connection, None, settled=True))
-        self._note(f"the cell's own keras.distribution is in force ({described}): it lays "
-                   f"out the models and splits the batches, in place of tpu_magic's {ours}.")
+        """A distribution the user's own code put in force wins over tpu_magic's, said once."""
+        found = placement.users(self.placement)
+        if found is not None:
+            self._placed(found[0])
+            self._note(found[1])
 
-    def _place(self, model: Any) -> None:
-        """A model the cell reaches with variables made elsewhere (a layer adapted in an
-        earlier cell, an optimizer compiled in a plain cell): moved onto the devices where
-        the backend can move variables (JAX), compiled again inside the strategy where only
-        its optimizer was made outside, else refused naming the parts made outside."""
-        connection, label = self.connection, self._name_of(model) or model.name
-        moved = connection.backend.place(model, connection)
-        if moved is not None:
-            parts = made_outside(model, moved, self.namespace)
-            devices = len(connection.devices) or connection.replicas
-            self._note(f"model {label!r} reached this cell with parts made outside "
-                       f"{connection.strategy_name}: {', '.join(parts) or 'its variables'} "
-                       f"now live on its {devices} device{'s' * (devices != 1)} (the same "
-                       "objects).")
-            return
-        outside = connection.backend.outside_variables(model, connection.strategy)
-        if model.compiled and not ({id(v) for v in outside} & {id(v) for v in model.weights}):
-            compile_again(model, connection, custom_objects_from(self.namespace, model))
-            self._note(f"model {label!r} was compiled outside {connection.strategy_name}: "
-                       "compiled again inside it, with the same settings.")
-            return
-        raise _unnamed(label, made_outside(model, outside, self.namespace), connection)
-
-    # -- shared steps ----------------------------------------------------------------------
-
-    def _plan(self, method: str, model: Any, call: dict, named: set,
-              key: str = "batch_size") -> BatchPlan:
-        plan = planning.plan_call(method, model, call, named, self.connection,
-                                  self.request.batch_size, key, label=self._name_of(model))
-        for warning in plan.warnings:
-            self._note(warning, "warning: ")
-        return plan
+    def _placed(self, settled: placement.Placement) -> None:
+        """The cell trains on `settled` from now on (its later inputs are built for it)."""
+        self.placement = settled
+        self.record.strategy = settled.connection.strategy_name
+        self.record.replicas = settled.connection.replicas
+        self.record.memory_plan = settled.memory_plan or self.record.memory_plan
 
     def _note(self, text: str, prefix: str = "note: ") -> None:
         """Tells the user once per cell, and keeps it in the report."""
@@ -342,321 +237,103 @@ class TrainingCell:
             self.record.notes.append(text)
             self.say(prefix + text)
 
+    def _warn(self, text: str) -> None:
+        self._note(text, "warning: ")
+
     def _prepare(self, model: Any) -> None:
         for note in prepare(model, self.connection, self.request.steps_per_execution,
-                            self.precision, self._name_of(model) or model.name):
+                            self.request.precision, self._label(model)):
             self._note(note)
 
-    def _name_of(self, model: Any) -> str | None:
-        return name_of(self.namespace, model)
+    def _label(self, model: Any) -> str:  # for messages
+        return name_of(self.namespace, model) or model.name
 
-    def _first_step_check(self, model: Any) -> parity.FirstStep | None:
-        """The parity check of the cell's first fit (see `parity`), where it applies."""
-        connection = self.connection
-        if not self.request.verify or self.verified or \
-                (connection.replicas < 2 and self.mesh is None):
-            return None
-        self.verified = True
-        backend = connection.backend
-        if connection.target.startswith("hosts:"):
-            self._note("the first step is not compared with one device on several hosts")
-            return None
-        whole_batch = backend.step_sees_global_batch
-        random = [] if whole_batch else parity.random_layers(model)
-        draws = (f"it draws random numbers while training ({', '.join(random)}), and each "
-                 f"{backend.label} replica draws its own" if random else None)
-        low = str(getattr(model, "compute_dtype", "float32")) in ("bfloat16", "float16")
-        likely = parity.likely_cause(connection.replicas,
-                                     [] if whole_batch else parity.per_replica_norms(model),
-                                     exactness.scalar_losses(model),
-                                     not exactness.keras_steps(model))
-        def reference(m: Any, before: Any, batches: list) -> Any:
-            with exactness.suspended(m):
-                return backend.one_device_steps(m, before, batches, self._one_device_copy(m))
+    def _inputs(self, connection: Connection | None = None) -> Inputs:
+        return Inputs(connection or self.connection, self._note, self._label)
 
-        def inference(m: Any, fed: Any, real: Any) -> Any:
-            ours = backend.distributed_inference(m, fed)
-            if ours is None:
-                return None
-            with exactness.suspended(m):
-                return ours, backend.one_device_inference(m, real, self._one_device_copy(m))
+    def _calls(self) -> Calls:
+        def copy(m: Any) -> Any:
+            objects = custom_objects_from(self.namespace, m)
+            return lambda: compiled_like(cpu_copy(m, objects, self.connection.backend), m)
 
-        where = f"{connection.strategy_name} {connection.replicas} {self.mesh} {connection.target}"
-        shapes = self.inputs.first_shapes
-        return parity.FirstStep(backend.step_state, self.inputs.first_batches, reference,
-                                parity.LOW_PRECISION_TOLERANCE if low else parity.TOLERANCE,
-                                likely, draws, where, self.agreed, inference,
-                                backend.step_logs,
-                                setup_before=parity.setup_before(model, shapes, where, draws)
-                                if shapes is not None and self.agreed else None)
+        return Calls(self._inputs(), self.request.progress, copy,
+                     self.request.steps_per_execution)
 
-    def _one_device_copy(self, model: Any) -> Callable[[], Any]:
-        """Makes a copy of `model` for one device, compiled as it is (plain Keras's code: the
-        reference of the parity check and of `evaluate`'s last samples)."""
-        objects = custom_objects_from(self.namespace, model)
-        backend = self.connection.backend
-        return lambda: compiled_like(cpu_copy(model, objects, backend), model)
-
-    # -- the three methods -----------------------------------------------------------------
+    def _plan(self, method: str, model: Any, call: Mapping[str, Any], named: set) -> Any:
+        plan = planning.plan_call(method, model, call, named, self.connection,
+                                  self.request.batch, label=name_of(self.namespace, model))
+        for warning in plan.warnings:
+            self._warn(warning)
+        return plan
 
     def _fit(self, model: Any, call: dict, named: set) -> Any:
         recorded = FitCall(model, dict(call), frozenset(named))
-        plan = self._plan("fit", model, call, named)
-        self._fit_settings(model, call, named, plan)
-        seed, resume_from = self._resume(model, call)
-        plan, batch = self._placed_inputs(model, call, named, plan, seed)
-        timing = FitTiming(global_batch=batch, flops_per_sample=self.flops.per_sample(model),
-                           tokens_per_sample=utilization.tokens_per_sample(recorded.arguments["x"]))
-        progress = self._progress(timing, call, recorded.arguments["x"])
-        saver = (self.checkpoints.callback(seed, self.connection, resume_from)
-                 if self.checkpoints is not None else None)
-        check = self._first_step_check(model)
-        call["callbacks"] = _callbacks(call.get("callbacks"), progress, saver, self.stop_event,
-                                       self.connection, check)
-        if self.request.progress:
-            call["verbose"] = 0
-        compiled_before = self.connection.backend.compile_counts()
-        history, ctrl_c, failure = _keras_fit(model, call, named, progress,
-                                              self.connection.strategy)
-        stopped = self.stop_event is not None and self.stop_event.is_set()
-        interrupted = ctrl_c or stopped or failure is not None
-        if not plan.global_batch:  # a dataset's batch, known once Keras read it
-            plan = _seen_plan(given_batch_size(call["x"]), self.connection.replicas)
+        resume = self.checkpoints and self.checkpoints.resumer(self._warn, self.say)
+        plan = plan_fit(self.request, self.placement, model, call, named,
+                        first_batch=lambda c, *a: self._inputs(c).first_batch(*a),
+                        prepare=self._prepare, resume=resume, note=self._note,
+                        label=name_of(self.namespace, model), owners=self.layout_owners)
+        self._placed(plan.placement)
+        built = self._inputs().for_fit(model, plan.call, plan.batch, plan.seed)
+        self.record.left_out.update(built.left_out)
+        plan = ready(plan, built, self.request.steps_per_execution)
+        hooks = self._hooks(plan, built, recorded.arguments["x"])
+        outcome = run_fit(plan, built, hooks, Measures(
+            self.flops.counted(model, plan.first), self.request.measured_tflops,
+            self.inputs_measured))
         self.last_model, self.last_fit = model, recorded
-        used = utilization.of_fit(
-            self.connection, self.flops.counted(model), timing.samples_per_second,
-            timing.steady_seconds / timing.steady_steps if timing.steady_steps else None,
-            self.inputs.measurable, self.request.measured_tflops,
-            key=self.inputs.measurable_key, known=self.inputs_measured)
-        if used is not None and used.input_measured:
-            self.inputs_measured.update([used.input_measured])
-        self.record.fits.append(FitOutcome.of(
-            plan, timing, history, interrupted,
-            parity=check.outcome if check is not None else None,
-            utilization=used,
-            xla_compile=(self.connection.backend.compile_counts() - compiled_before
-                         if compiled_before is not None else None),
-            checkpoints=tuple(str(p) for p in saver.written) if saver is not None else (),
-            resumed_from=str(resume_from.path) if resume_from is not None else None))
-        self._fit_notes(check, saver)
-        if failure is not None:
-            raise failure
-        if interrupted:
-            self.say(_interrupted(timing.steps_done, ctrl_c))
-        if ctrl_c:  # as in any Python cell, an interrupt ends it: the lines after fit don't run
+        if outcome.utilization is not None and outcome.utilization.input_measured:
+            self.inputs_measured.update([outcome.utilization.input_measured])
+        self.record.fits.append(outcome)
+        for text, prefix in notes_of(hooks, self.checkpoints):
+            self._note(text, prefix)
+        if outcome.failure is not None:
+            raise outcome.failure
+        if outcome.interrupted:
+            self.say(interrupted_line(hooks.progress.timing.steps_done, outcome.ctrl_c))
+        if outcome.ctrl_c:  # as in any Python cell, an interrupt ends it: the lines after fit don't run
             __tracebackhide__ = True  # noqa: F841 - IPython shows the user's line, not ours
             raise KeyboardInterrupt
-        return history
+        return outcome.history
 
-    def _fit_settings(self, model: Any, call: dict, named: set, plan: BatchPlan) -> None:
-        """The request's `--epochs` and `--scale-lr`, and the model's settings."""
-        if "epochs" not in named and self.request.epochs is not None:
-            call["epochs"] = self.request.epochs
-        if self.request.scale_lr:
-            note = planning.scale_learning_rate(model, plan)
+    def _hooks(self, plan: FitPlan, built: Built, given: Any) -> FitHooks:
+        """The fit's bar, its checkpoint saver, and (the cell's first fit) the parity check."""
+        progress = progress_for(built, given, self.flops.per_sample(plan.model, plan.first),
+                                self.bar if self.request.progress else None, self.view)
+        saver = None if self.checkpoints is None else \
+            self.checkpoints.callback(plan.seed, self.connection, plan.resume_from)
+        check = None
+        mesh = self.placement.mesh
+        if self.request.verify and not self.verified and checks(self.connection, mesh):
+            self.verified = True
+            check, note = first_step_check(self.connection, mesh, plan, built, self.agreed,
+                                           self._calls().one_device_copy)
             if note:
-                self._note(note, "")
-        self._prepare(model)
-
-    def _resume(self, model: Any, call: dict) -> tuple[int, Any]:
-        """The fit's shuffle seed, and the checkpoint it continues from (`--resume`, the
-        cell's first fit; None: from the start)."""
-        if self.checkpoints is None:
-            return arrays.new_seed(), None
-        resume_from = self.checkpoints.resume(
-            call["epochs"], lambda text: self._note(text, "warning: "), self.say,
-            model, self.connection)
-        if resume_from is None:
-            return arrays.new_seed(), None
-        call["initial_epoch"] = resume_from.epoch
-        return resume_from.seed, resume_from
-
-    def _placed_inputs(self, model: Any, call: dict, named: set, plan: BatchPlan,
-                       seed: int) -> tuple[BatchPlan, int]:
-        """The fit's inputs as whole batches, for the placement it trains on: settled from
-        their first batch before anything runs (`placement.settle`: the memory plan, which
-        may refuse, and `--shard auto`'s choice); where auto lays the model out over a mesh,
-        the batch is planned and the inputs built again, for that mesh. Returns the batch's
-        plan, and the batch a step takes."""
-        given = dict(call)
-        batch = self.inputs.for_fit(model, call, plan, seed)
-        settled = placement.settle(self.placement, self.request, model, call["x"],
-                                   self.layout_owners)
-        if self._placed(settled):
-            call.clear()
-            call.update(given)
-            plan = self._plan("fit", model, call, named)
-            batch = self.inputs.for_fit(model, call, plan, seed)
-        if batch and not plan.global_batch:  # a dataset's batch, where it says so
-            plan = plan_batches(batch, self.connection.replicas, what="the dataset's batch")
-        return plan, batch
-
-    def _placed(self, settled: placement.Placement) -> bool:
-        """The cell trains on `settled` from now on: its later inputs are built for it, and
-        the report names it. Returns whether the connection changed."""
-        moved = settled.connection is not self.placement.connection
-        self.placement = settled
-        if moved:
-            self.inputs = self._inputs()
-            self.record.strategy = settled.connection.strategy_name
-            self.record.replicas = settled.connection.replicas
-        if settled.memory_plan is not None:
-            self.record.memory_plan = settled.memory_plan
-        return moved
-
-    def _progress(self, timing: FitTiming, call: dict, given: Any) -> FitProgress:
-        """The fit's bar and live view, measuring into `timing`."""
-        first_batches = self.inputs.first_batches
-        return FitProgress(
-            timing, bar=self.bar if self.request.progress else None, view=self.view,
-            batch_of=lambda: given_batch_size(call["x"]),
-            tokens_of=None if arrays.is_array_input(given)
-            else lambda: utilization.first_batch_tokens(first_batches))
-
-    def _fit_notes(self, check: Any, saver: Any) -> None:
-        """What the parity check and the checkpoints of a fit tell the user."""
-        warning = check.outcome.warning() if check is not None and check.outcome else None
-        if warning:
-            self._note(warning, "warning: ")
-        if saver is not None:
-            warnings, notes = self.checkpoints.outcome(saver)
-            for text in warnings:
-                self._note(text, "warning: ")
-            for text in notes:
-                self._note(text)
+                self._note(note)
+        return FitHooks(progress, saver, check, self.stop_event, self.request.progress)
 
     def _evaluate(self, model: Any, call: dict, named: set) -> Any:
         plan = self._plan("evaluate", model, call, named)
         self._prepare(model)
-        rest = self.inputs.for_evaluate(model, call, plan)
-        if self.request.progress:
-            call["verbose"] = 0
-        wanted_dict = call.get("return_dict", False)
-        call["return_dict"] = True
-        result = routing.keras_method("evaluate")(model, **call)
-        if rest is not None:
-            result = self._evaluate_rest(model, rest) or result
-        self.record.evaluations.append({k: float(v) for k, v in result.items()})
-        if self.last_model is None:
-            self.last_model = model
-        # Keras's own ordering of a non-dict result (a scalar for a single value).
-        return result if wanted_dict else model._flatten_metrics_in_order(result)
-
-    def _evaluate_rest(self, model: Any, rest: tuple) -> dict | None:
-        """`evaluate`'s results with its left-out samples evaluated on one device and
-        counted in (`Backend.evaluate_rest`); None where they stay left out (said)."""
-        backend = self.connection.backend
-        if not backend.evaluates_rest:
-            return None
-        try:
-            with exactness.suspended(model):
-                result = backend.evaluate_rest(model, rest, self._one_device_copy(model))
-        except Exception as exc:  # noqa: BLE001 - the samples stay left out, and it is said
-            self._note(f"evaluate left out its last {self.record.left_out.get('evaluate')} "
-                       f"samples: a one-device copy of {self._name_of(model) or model.name!r} "
-                       f"could not evaluate them ({type(exc).__name__}: {exc})")
-            return None
-        if result is not None:
-            self.record.left_out.pop("evaluate", None)
-        return result
+        evaluated = self._calls().evaluate(model, call, plan)
+        self.record.evaluated(evaluated.numbers, evaluated.left_out)
+        self.last_model = self.last_model if self.last_model is not None else model
+        return evaluated.result
 
     def _predict(self, model: Any, call: dict, named: set) -> Any:
         plan = self._plan("predict", model, call, named)
         self._prepare(model)
-        if self.request.progress:
-            call["verbose"] = 0
-        rows = self.inputs.for_predict(model, call, plan)
-        out = routing.keras_method("predict")(model, **call)
-        out = out if rows is None else arrays.trim(out, rows)
-        self.record.predictions.append(len(keras.tree.flatten(out)[0]))
+        out = self._calls().predict(model, call, plan)
+        self.record.predictions.append(rows_of(out))
         return out
 
     def _predict_on_batch(self, model: Any, call: dict, named: set) -> Any:
-        return self._predict(model, _predict_on_batch_call(call), {"x"})
+        return self._predict(model, predict_on_batch_call(call), {"x"})
 
-    def _train_on_batch(self, model: Any, call: dict, named: set) -> Any:
-        """One step on exactly the rows given: Keras's own, with the backend's rules for a
-        batch the devices do not divide (see `Backend.replica_steps`)."""
+    def _on_batch(self, name: str, model: Any, call: dict, named: set) -> Any:
+        """Keras's own step on exactly the rows given (see `Backend.replica_steps`)."""
         self._prepare(model)
-        return routing.keras_method("train_on_batch")(model, **call)
+        return routing.keras_method(name)(model, **call)
 
-    def _test_on_batch(self, model: Any, call: dict, named: set) -> Any:
-        self._prepare(model)
-        return routing.keras_method("test_on_batch")(model, **call)
-
-
-@contextlib.contextmanager
-def _default_shuffle_unsaid(default: bool) -> Iterator[None]:
-    """Keras's "`shuffle=True` was passed, but will be ignored" about a dataset, left out
-    where the user passed no `shuffle` (Keras's default; a KerasHub task makes a dataset of
-    the user's arrays itself): noise the user did not cause. Said where they passed it."""
-    with warnings.catch_warnings():
-        if default:
-            warnings.filterwarnings("ignore", message=r"`shuffle=True` was passed, but will be "
-                                    "ignored", category=UserWarning)
-        yield
-
-
-def _keras_fit(model: Any, call: dict, named: set, progress: FitProgress, strategy: Any
-               ) -> tuple[Any, bool, CheckpointError | None]:
-    """Keras's own `fit` under `strategy` (the placement's, settled for this fit), with
-    Ctrl-C and a failed checkpoint ending it at a batch boundary.
-
-    Returns:
-        (its history, whether Ctrl-C ended it, the checkpoint error that did).
-    """
-    interrupted, failure = False, None
-    with stop_on_interrupt(model) as stop, strategy.scope(), \
-            _default_shuffle_unsaid("shuffle" not in named):
-        try:
-            history = routing.keras_method("fit")(model, **call)
-        except KeyboardInterrupt:
-            interrupted, history = True, getattr(model, "history", None)
-        except CheckpointError as exc:  # e.g. a full disk: stop, keep what was learned
-            failure, history = exc, getattr(model, "history", None)
-        finally:
-            progress.close(interrupted=interrupted or stop.requested)
-    return history, interrupted or stop.requested, failure
-
-
-def _seen_plan(batch: int, replicas: int) -> BatchPlan:
-    """The plan of a batch Keras read from a user's input (0: none was read)."""
-    return BatchPlan(batch, replicas, batch // replicas if batch else 0)
-
-
-def _predict_on_batch_call(call: dict) -> dict:
-    """`predict_on_batch(x)` as the `predict` call that gives its rows (one batch's worth)."""
-    return {"x": call["x"], "batch_size": None, "verbose": 0, "steps": None, "callbacks": None}
-
-
-def _callbacks(given: Any, progress: FitProgress, saver: Any, stop_event: Any,
-               connection: Connection, check: Any = None) -> list:
-    """A `fit`'s callbacks: the checkpoint saver first (every other callback sees restored
-    weights), the parity check (before any callback of the user's touches the weights), the
-    user's, the bar, the replicas' agreement, the panel's Stop."""
-    found = ([saver] if saver is not None else []) + ([check] if check is not None else []) \
-        + list(given or []) + [progress]
-    if connection.replicas > 1:  # one set of BatchNorm statistics, as its copy has
-        found.append(ReplicasAgree(connection.backend))
-    if stop_event is not None:
-        found.append(StopOnEvent(stop_event))
-    return found
-
-
-def _interrupted(steps: int, ctrl_c: bool) -> str:
-    return (f"Interrupted after {steps} steps: the model keeps the weights learned so far"
-            + (", and the rest of the cell does not run." if ctrl_c else "."))
-
-
-def _unnamed(label: str, parts: list[str], connection: Connection) -> RewrapError:
-    if not parts:
-        return RewrapError(
-            f"model {label!r} was built outside {connection.strategy_name}, and this "
-            "cell reaches it without naming it. Name it in the cell (tpu_magic rebuilds the "
-            "models a cell names) or build it inside the %%tpu_train cell.")
-    return RewrapError(
-        f"model {label!r} uses {', '.join(parts)}, made outside "
-        f"{connection.strategy_name}, whose variables cannot move into it. Name "
-        f"{'it' if len(parts) == 1 else 'them'} in the %%tpu_train cell (tpu_magic makes the "
-        "layers and models a cell names again inside the strategy, weights included), or "
-        "make (and adapt) it inside the cell.")
+    _train_on_batch = functools.partialmethod(_on_batch, "train_on_batch")
+    _test_on_batch = functools.partialmethod(_on_batch, "test_on_batch")

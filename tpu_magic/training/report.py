@@ -9,7 +9,7 @@ is a frozen `FitOutcome`); when the cell ends, `CellRecord.report()` builds the 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Mapping
 
 
 @dataclass(frozen=True)
@@ -36,12 +36,16 @@ class FitOutcome:
     xla_compile: Any = None
     checkpoints: tuple[str, ...] = ()
     resumed_from: str | None = None
+    execution: Any = None  # steps an execution, and why (`fit.steps.Steps`)
+    ctrl_c: bool = False  # Ctrl-C ended it (the rest of the cell does not run)
+    failure: Any = None  # the error that ended it early (a failed checkpoint), to raise
 
     @classmethod
     def of(cls, plan: Any, timing: Any, history: Any, interrupted: bool,
            **measured: Any) -> "FitOutcome":
         """A `fit` ended: its batch (`BatchPlan`), timing (`progress.FitTiming`) and logs;
-        `measured`: parity, utilization, xla_compile, checkpoints, resumed_from."""
+        `measured`: parity, utilization, xla_compile, checkpoints, resumed_from, ctrl_c,
+        failure."""
         return cls(plan.global_batch, plan.per_replica, len(timing.epoch_seconds),
                    timing.steps_done, timing.compile_seconds, timing.samples_per_second,
                    timing.tokens_per_second, tuple(timing.epoch_seconds),
@@ -115,6 +119,7 @@ class TrainReport:
     tokens_per_second: float | None = None
     utilization: Any = None  # a `utilization.Utilization` of the last fit
     parity: Any = None  # the first-step parity check: a `parity.Parity` or `parity.Skipped`
+    execution: Any = None  # the last fit's steps an execution, and why (`fit.steps.Steps`)
     seconds: float = 0.0
 
     def summary(self, notes_said: bool = False) -> str:
@@ -132,6 +137,8 @@ class TrainReport:
             lines.append(f"  batch {self.global_batch} ({self.per_replica} per replica), "
                          f"{self.epochs} epoch{'s' * (self.epochs != 1)}"
                          + (" — interrupted, weights kept" if self.interrupted else ""))
+            if self.execution is not None and self.execution.k > 1:
+                lines.append(f"  {self.execution.line()}")
             if self.compile_seconds is not None:
                 lines.append(f"  first step (tracing, compiling, running it): "
                              f"{self.compile_seconds:.2f} s")
@@ -198,13 +205,20 @@ class CellRecord:
     memory_plan: str | None = None
     seconds: float = 0.0
 
+    def evaluated(self, numbers: dict[str, float], left_out: Mapping[str, int]) -> None:
+        """An `evaluate` ended: its numbers, and the samples it left out (its own count
+        replaces an earlier evaluate's)."""
+        self.evaluations.append(numbers)
+        self.left_out.pop("evaluate", None)
+        self.left_out.update(left_out)
+
     def report(self) -> TrainReport:
         """The frozen report: the cell's own record, the last fit's outcome, every fit's
         checkpoints, and where the first resumed."""
         last = self.fits[-1] if self.fits else None
         of_fit = {} if last is None else {
             f.name: getattr(last, f.name) for f in fields(FitOutcome)
-            if f.name not in ("checkpoints", "resumed_from")}
+            if f.name not in ("checkpoints", "resumed_from", "ctrl_c", "failure")}
         if last is not None and last.parity is None:  # the first fit's check stays reported
             of_fit["parity"] = next((f.parity for f in self.fits if f.parity is not None), None)
         return TrainReport(

@@ -35,7 +35,8 @@ class TrainRequest:
         batch: `--batch-size` over the data rows (None: each call's own batch).
         epochs: `--epochs` (None: each fit's own).
         scale_lr: `--scale-lr`.
-        steps_per_execution: `--steps-per-execution` (None: the model's own).
+        steps_per_execution: `--steps-per-execution K` (None: auto, the default: the
+            model's own where it has one, else chosen from a measured step: `fit.steps`).
         progress: whether bars show.
         checkpoint / keep / resume: `--checkpoint DIR`, `--keep K`, `--resume`.
         precision: the dtype policy `--precision` chose for this connection (None: Keras's
@@ -67,7 +68,7 @@ class TrainRequest:
 
 
 def read_request(connection: Any, *, batch_size: int | None = None, epochs: Any = None,
-                 scale_lr: bool = False, steps_per_execution: int | None = None,
+                 scale_lr: bool = False, steps_per_execution: int | str | None = None,
                  progress: bool = True, checkpoint: str | None = None,
                  keep: int | None = None, resume: bool = False,
                  precision: str | None = None, shard: str | None = None,
@@ -80,6 +81,7 @@ def read_request(connection: Any, *, batch_size: int | None = None, epochs: Any 
         FlagError, BatchSizeError, ShardError, MemoryPlanError, PrecisionError: a value, or
             flags that do not go together; the message names the value and the fix.
     """
+    steps_per_execution = _steps(steps_per_execution)
     for flag, value in (("--epochs", epochs), ("--steps-per-execution", steps_per_execution),
                         ("--keep", keep)):
         _at_least_one(flag, value)
@@ -157,6 +159,25 @@ def on_or_off(flag: str, value: Any) -> bool:
     if text in ("off", "no", "false", "0"):
         return False
     raise FlagError(f"{flag} {value!r}: use on or off")
+
+
+def _steps(value: int | str | None) -> int | None:
+    """`--steps-per-execution`: a whole number, or auto (None).
+
+    Raises:
+        FlagError: anything else.
+    """
+    if value is None or isinstance(value, int):
+        return value
+    text = str(value).strip().lower()
+    if text == "auto":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise FlagError(f"--steps-per-execution {value!r}: use a whole number of steps, e.g. "
+                        "--steps-per-execution 32, or auto (the default: chosen from a "
+                        "measured step)") from None
 
 
 def _at_least_one(flag: str, value: Any) -> None:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Mapping
 
-from tpu_magic.backends.jax import compile_cache, connect, devices, flops, memory, \
-    model_parallel, parity, placement, replica_steps
+from tpu_magic.backends.jax import compile_cache, connect, device_loop, devices, flops, \
+    memory, model_parallel, parity, placement, replica_steps
 from tpu_magic.backends.protocol import Named
 from tpu_magic.core.deps import require_jax
 from tpu_magic.core.devices import DeviceView, StepMemory
@@ -30,6 +30,7 @@ class JaxBackend(Named):
     static_batch_is_global = True  # DataParallel traces the global batch
     step_sees_global_batch = True
     evaluates_rest = False  # see evaluate_rest
+    groups_steps = True  # K steps a dispatch as one program on the devices (`device_loop`)
 
     def refuses(self, chosen: Target, simulate: int | None) -> str | None:
         if chosen.kind == "tpu" and chosen.address != "local":
@@ -90,6 +91,13 @@ class JaxBackend(Named):
     def jit_compile_note(self, connection: Connection, model: Any) -> str | None:
         return None  # JAX compiles every step with XLA anyway
 
+    def step_times(self, model: Any, kind: str, batch: Any) -> tuple[float, float] | None:
+        return device_loop.measured(model, kind, batch)
+
+    def grouped_steps(self, model: Any, steps: int, sources: Mapping[str, Any] | None = None,
+                      lengths: Mapping[str, int] | None = None) -> Any:
+        return device_loop.grouped(model, steps, dict(sources or {}), dict(lengths or {}))
+
     def replica_steps(self, model: Any, connection: Connection) -> Any:
         return replica_steps.replica_steps(model, connection)
 
@@ -149,8 +157,8 @@ class JaxBackend(Named):
     def compile_counts(self) -> compile_cache.CompileCounts | None:
         return compile_cache.counts()
 
-    def training_flops(self, model: Any) -> tuple[float, str] | None:
-        return flops.training_flops(model)
+    def training_flops(self, model: Any, batch: Any = None) -> tuple[float, str] | None:
+        return flops.training_flops(model, batch)
 
     # -- variables -------------------------------------------------------------------------
 

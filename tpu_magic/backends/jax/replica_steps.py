@@ -13,6 +13,7 @@ from tpu_magic.backends.jax import step_types
 from tpu_magic.core.deps import require_jax
 from tpu_magic.core.overrides import overridden
 from tpu_magic.core.session import Connection
+from tpu_magic.core.steps import state_groups
 
 
 @contextlib.contextmanager
@@ -22,11 +23,43 @@ def replica_steps(model: Any, connection: Connection) -> Iterator[None]:
     holds only its rows of a prediction, which Keras cannot read back: there the outputs are
     gathered onto every device inside the step."""
     with contextlib.ExitStack() as stack:
+        stack.enter_context(_values_kept(model))
         stack.enter_context(_ragged_batches_whole())
         stack.enter_context(step_types.one_program(model))
         if require_jax().process_count() > 1:
             stack.enter_context(_outputs_gathered(model, connection.strategy))
         yield
+
+
+@contextlib.contextmanager
+def _values_kept(model: Any) -> Iterator[None]:
+    """A call that fails leaves the model's variables as the call found them. Keras's JAX
+    `fit`, `evaluate` and `predict` take the values out of the variables for their steps
+    and put them back when they end or once a step has run; one that fails before (the
+    step refuses the batch as it is traced, a callback raises at the start) leaves them
+    empty, and every later use of the model fails (`'NoneType' object is not callable`).
+    Every value Keras takes out is noted as it does (`_purge_model_variables`); one a step
+    did not consume (a step that ran gave Keras the new values, which it puts back itself)
+    goes back where the call failed."""
+    held: list = []
+    purge = model._purge_model_variables
+
+    def noted(**which: bool) -> None:
+        groups = dict(zip(("trainable_variables", "non_trainable_variables",
+                           "optimizer_variables", "metrics_variables"), state_groups(model)))
+        held.extend((variable, variable._value) for name, group in groups.items()
+                    if which.get(name) for variable in group)
+        purge(**which)
+
+    try:
+        with overridden(model, "_purge_model_variables", noted):
+            yield
+    except BaseException:
+        for variable, value in held:
+            if variable._value is None and value is not None and \
+                    not getattr(value, "is_deleted", lambda: False)():
+                variable._value = value
+        raise
 
 
 @contextlib.contextmanager
@@ -65,10 +98,17 @@ def _whole_where_indivisible(keras_own: Callable[..., Any]) -> Callable[..., Any
         jax = require_jax()
         sharding = getattr(layout, "backend_layout", layout)
         shape = tuple(getattr(per_process_batch, "shape", ()))
+        one_process = jax.process_count() == 1
         if shape and isinstance(sharding, jax.sharding.NamedSharding) and \
                 (isinstance(per_process_batch, WholeRows) or
-                 (jax.process_count() == 1 and not _divides(sharding, shape))):
+                 (one_process and not _divides(sharding, shape))):
             sharding = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
+        if one_process and isinstance(sharding, jax.sharding.Sharding):
+            if sharding.num_devices == 1:  # the step's own call moves it, in C++
+                return per_process_batch
+            # the process's batch is the global batch: one transfer, where Keras's own path
+            # (`make_array_from_process_local_data`) costs a step's dispatch again on the host
+            return jax.device_put(per_process_batch, sharding)
         return keras_own(per_process_batch, sharding, batch_dim_name)
 
     return distribute_data_input

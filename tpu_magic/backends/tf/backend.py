@@ -29,6 +29,7 @@ class TensorFlowBackend(Named):
     static_batch_is_global = False  # Keras gives each replica the Input's fixed batch
     step_sees_global_batch = False
     evaluates_rest = True  # see evaluate_rest
+    groups_steps = False  # Keras's own steps_per_execution, set on the model (`models.setup`)
 
     # -- connecting ------------------------------------------------------------------------
 
@@ -79,6 +80,13 @@ class TensorFlowBackend(Named):
                     f"{connection.replicas} replicas (keras-team/keras#19246): running 1 step "
                     "per execution here; on a TPU it applies.")
         return None
+
+    def step_times(self, model: Any, kind: str, batch: Any) -> None:
+        return None  # not measured: Keras's own steps_per_execution is the user's to set
+
+    def grouped_steps(self, model: Any, steps: int, sources: Mapping[str, Any] | None = None,
+                      lengths: Mapping[str, int] | None = None) -> Any:
+        return contextlib.nullcontext()  # the model's steps_per_execution runs as it is
 
     def jit_compile_note(self, connection: Connection, model: Any) -> str | None:
         if getattr(model, "jit_compile", False) is True and \
@@ -147,7 +155,7 @@ class TensorFlowBackend(Named):
     def compile_counts(self) -> None:
         return None  # TensorFlow keeps no persistent compilation cache for Keras's steps
 
-    def training_flops(self, model: Any) -> tuple[float, str] | None:
+    def training_flops(self, model: Any, batch: Any = None) -> tuple[float, str] | None:
         flops = counted_training_flops(model)
         return None if flops is None else (flops, "counted from the layers")
 

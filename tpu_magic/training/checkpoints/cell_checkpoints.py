@@ -1,7 +1,7 @@
 """A cell's checkpoints: opening `--checkpoint DIR`, the per-epoch callback, where
 `--resume` continues, and what the written checkpoints tell the user.
 
-The files and the directory are `checkpoint_store`'s; this module decides, for one
+The files and the directory are `checkpoints.store`'s; this module decides, for one
 `%%tpu_train` cell, and returns what to say instead of saying it.
 """
 
@@ -178,6 +178,12 @@ class CellCheckpoints:
         say(point.message)
         return point.checkpoint
 
+    def resumer(self, warn: Callable[[str], None], say: Callable[[str], None]
+                ) -> Callable[[Any, int, Any], Checkpoint | None]:
+        """`resume` for a fit's plan: (model, epochs, connection) -> the checkpoint."""
+        return lambda model, epochs, connection: self.resume(epochs, warn, say, model,
+                                                             connection)
+
     def callback(self, seed: int, connection: Any, resume_from: Checkpoint | None) -> Checkpointing:
         return Checkpointing(self.store, seed, connection, resume_from)
 
@@ -196,3 +202,14 @@ class CellCheckpoints:
                          "layers and LoRA's bases never change, so they are left out, and "
                          "--resume needs the same model, frozen alike")
         return self.store.take_moved_aside(), notes
+
+
+def for_request(request: Any) -> CellCheckpoints | None:
+    """The cell's `--checkpoint DIR [--keep K] [--resume]` (None: no --checkpoint).
+
+    Raises:
+        CheckpointError: the directory cannot be used, or holds checkpoints without --resume.
+    """
+    if request.checkpoint is None:
+        return None
+    return CellCheckpoints(request.checkpoint, request.keep, request.resume)

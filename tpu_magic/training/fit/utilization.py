@@ -33,7 +33,8 @@ class Utilization:
         nominal_tflops / measured_tflops: the peak of all replicas, nominal (the chip table)
             and measured by `--check`, where known.
         input_share: the share of a step's time the input alone needs for a batch (see
-            `input_need`); input_how: how that was measured; input_bound: the verdict.
+            `input_need`); input_how: what it took against a step, and how that was
+            measured; input_bound: the verdict.
         input_key / input_batch_seconds: what the input alone needed for a batch, and the
             key of tpu_magic's own pipeline it was measured on (`Inputs.measurable_key`;
             "" for a user's input): a later fit of the same key reuses the measurement.
@@ -74,12 +75,11 @@ class Utilization:
                          + f"; {self.flops_per_sample / 1e6:,.3g} MFLOP a sample "
                            f"({self.source})")
         if self.input_share is not None:
+            share = _percent(self.input_share) if self.input_share >= 0.01 else "<1 %"
             found.append(
-                "input-bound: the data, not the device, sets the pace; cache, prefetch or "
-                "simplify the input pipeline" if self.input_bound else
-                f"not input-bound: the input needs {100 * self.input_share:.0f} % of a step")
-            found.append(f"  (input: {100 * self.input_share:.0f} % of the step time "
-                         f"{self.input_how})")
+                f"input-bound: {self.input_how} ({share}): the data, not the device, sets the "
+                "pace; cache, prefetch or simplify the input pipeline" if self.input_bound else
+                f"not input-bound: {self.input_how} ({share})")
         return found
 
 
@@ -99,16 +99,15 @@ def input_need(dataset: Any, step_seconds: float | None, known: float | None = N
     `keras_inputs.whole_batches`) nor can be drawn again without changing what the next
     pass reads (tpu_magic's own pipelines of NumPy arrays can). `known`: a batch's seconds
     measured on an earlier fit of the same pipeline (same types, shapes, samples, batch,
-    replicas): not drawn again (drawing starts the input's iterator again: on the seeds' CNN
-    and LSTM over 8 simulated replicas, 0.2 s of each fit when each replica had a pipeline
-    of its own, before `backends/tf/data.ReplicaParts`))."""
+    replicas): not drawn again (drawing starts the input's iterator again, a cost of its
+    own at every fit)."""
     if not step_seconds:
         return None
     if known is not None:
         share = min(1.0, known / step_seconds)
-        return (share, f"is what the input alone needed for a batch ({known * 1e3:.1f} ms, "
-                       f"drawn after an earlier fit of the same pipeline in this notebook; a "
-                       f"step took {step_seconds * 1e3:.1f} ms)", share >= INPUT_BOUND, known)
+        return (share, _how(known, step_seconds, "drawn after an earlier fit of the same "
+                                                  "pipeline in this notebook"),
+                share >= INPUT_BOUND, known)
     timed = getattr(dataset, "read_seconds", None)
     if callable(timed):
         seconds, count = timed()
@@ -116,9 +115,9 @@ def input_need(dataset: Any, step_seconds: float | None, known: float | None = N
             return None
         per_batch = seconds / count
         share = min(1.0, per_batch / step_seconds)
-        return (share, f"is what reading the input took for a batch ({per_batch * 1e3:.1f} ms, "
-                       f"{count} batches timed as fit read them; a step took "
-                       f"{step_seconds * 1e3:.1f} ms)", share >= INPUT_BOUND, per_batch)
+        return (share, _how(per_batch, step_seconds, f"{count} batches timed as fit read "
+                                                     "them"),
+                share >= INPUT_BOUND, per_batch)
     try:
         if hasattr(dataset, "element_spec"):  # tf.data, distributed or not
             batches = iter(dataset)
@@ -143,9 +142,19 @@ def input_need(dataset: Any, step_seconds: float | None, known: float | None = N
         return None
     per_batch = (time.perf_counter() - start) / drawn
     share = min(1.0, per_batch / step_seconds)
-    return (share, f"is what the input alone needs for a batch ({per_batch * 1e3:.1f} ms, "
-                   f"{drawn} batches drawn on their own after fit; a step took "
-                   f"{step_seconds * 1e3:.1f} ms)", share >= INPUT_BOUND, per_batch)
+    return (share, _how(per_batch, step_seconds, f"{drawn} batches drawn on their own "
+                                                 "after fit"),
+            share >= INPUT_BOUND, per_batch)
+
+
+def _how(batch_seconds: float, step_seconds: float, measured: str) -> str:
+    """What the input alone takes against a step, and how that was measured."""
+    return (f"reading a batch takes {_ms(batch_seconds)} of a {_ms(step_seconds)} step "
+            f"({measured})")
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.3g} ms" if seconds < 1 else f"{seconds * 1e3:,.0f} ms"
 
 
 def achieved(flops_per_sample: float | None, samples_per_second: float | None) -> float | None:
@@ -189,35 +198,40 @@ def of_fit(connection: Any, counted: tuple[float, str] | None, samples_per_secon
 
 class FlopCounts:
     """Training FLOPs of one sample per model, asked of the backend once per model and
-    shape (XLA's count lowers the model's gradient: 0.05 s for the seeds' CNN, far more for
-    a language model), also across cells: `known` holds the counts of earlier cells by
-    `flops_key`, and `found` what this one counted."""
+    shape (XLA's count lowers the model's gradient, which takes long for a language model),
+    also across cells: `known` holds the counts of earlier cells by `flops_key`, and
+    `found` what this one counted."""
 
     def __init__(self, backend: Any, known: Mapping[str, tuple[float, str] | None] | None = None):
         self.backend = backend
         self.found: dict[str, tuple[float, str] | None] = dict(known or {})
 
-    def counted(self, model: Any) -> tuple[float, str] | None:
-        """(FLOPs, where the count comes from), None where it cannot be told."""
-        key = flops_key(model)
+    def counted(self, model: Any, batch: Any = None) -> tuple[float, str] | None:
+        """(FLOPs, where the count comes from), None where it cannot be told; `batch`: a
+        batch the model is fed (the sizes its inputs leave open: a sequence's length)."""
+        key = flops_key(model, batch)
         if key not in self.found:
-            self.found[key] = self.backend.training_flops(model)
+            self.found[key] = self.backend.training_flops(model, batch)
         return self.found[key]
 
-    def per_sample(self, model: Any) -> float | None:
-        counted = self.counted(model)
+    def per_sample(self, model: Any, batch: Any = None) -> float | None:
+        counted = self.counted(model, batch)
         return None if counted is None else counted[0]
 
 
-def flops_key(model: Any) -> str:
+def flops_key(model: Any, batch: Any = None) -> str:
     """What a sample's FLOPs depend on: the model object, the variables it computes with
     (each by identity, path, shape and dtype: a layer swapped or built again changes it),
-    its inputs' shapes and its dtype policy."""
+    its inputs' shapes, a fed batch's (a row's shapes) and its dtype policy."""
+    import keras
+
     variables = [(id(v), v.path, tuple(v.shape), str(v.dtype))
                  for v in list(model.trainable_variables) + list(model.non_trainable_variables)]
     inputs = [tuple(getattr(t, "shape", ())) for t in (getattr(model, "inputs", None) or [])]
+    rows = None if batch is None else [tuple(getattr(a, "shape", ()))[1:]
+                                       for a in keras.tree.flatten(batch)]
     policy = str(getattr(getattr(model, "dtype_policy", None), "name", ""))
-    text = repr((id(model), type(model).__qualname__, variables, inputs, policy))
+    text = repr((id(model), type(model).__qualname__, variables, inputs, rows, policy))
     return hashlib.sha1(text.encode()).hexdigest()
 
 

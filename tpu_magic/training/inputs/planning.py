@@ -14,7 +14,7 @@ from __future__ import annotations
 import inspect
 import math
 import sys
-from typing import Any
+from typing import Any, Mapping
 
 from tpu_magic.core.batching import TPU_TILE, BatchPlan, plan_batches, scaled_learning_rate
 from tpu_magic.core.errors import BatchSizeError, InputError
@@ -30,17 +30,18 @@ def is_dataset(data: Any) -> bool:
         for cls in type(data).__mro__)
 
 
-def as_arrays(call: dict) -> None:
-    """A call's tensors (TensorFlow's, JAX's, pandas' frames: anything NumPy can read) become
-    NumPy arrays, so they take the same whole-batch, exact path as NumPy input. Left to
-    Keras under replicas, one image as a tensor reached BatchNorm as empty replica batches,
-    and a 204-row tensor took 60 times as long to predict."""
+def as_arrays(call: Mapping[str, Any]) -> dict:
+    """A new call whose tensors (TensorFlow's, JAX's, pandas' frames: anything NumPy can
+    read) are NumPy arrays, so they take the same whole-batch, exact path as NumPy input
+    (left to Keras under replicas, a tensor reached BatchNorm as empty replica batches)."""
+    found = dict(call)
     for key in ("x", "y", "sample_weight"):
-        if key in call:
-            call[key] = _numpy_leaves(call[key])
-    validation = call.get("validation_data")
+        if key in found:
+            found[key] = _numpy_leaves(found[key])
+    validation = found.get("validation_data")
     if isinstance(validation, (tuple, list)):
-        call["validation_data"] = tuple(_numpy_leaves(part) for part in validation)
+        found["validation_data"] = tuple(_numpy_leaves(part) for part in validation)
+    return found
 
 
 def _numpy_leaves(data: Any) -> Any:
@@ -89,15 +90,15 @@ def static_batch(model: Any) -> int | None:
     return sizes.pop() if len(sizes) == 1 else None
 
 
-def plan_call(method: str, model: Any, call: dict, named: set, connection: Any,
-              flag_batch: int | None, key: str = "batch_size",
+def plan_call(method: str, model: Any, call: Mapping[str, Any], named: set, connection: Any,
+              requested: BatchPlan | None, key: str = "batch_size",
               label: str | None = None) -> BatchPlan:
     """The batch of one call, checked against the connection's replicas.
 
     Args:
         method: "fit", "evaluate" or "predict".
         call / named: the call's arguments, and which of them the user named.
-        flag_batch: `--batch-size`, if given.
+        requested: `--batch-size`'s plan (the request's), if given.
         key: the argument that holds the batch.
         label: the user's name for the model, for messages.
 
@@ -112,7 +113,7 @@ def plan_call(method: str, model: Any, call: dict, named: set, connection: Any,
     static = static_per_replica(model, connection)
     check_samples(method, call)
     refuse_strings(model, call.get("x"), connection, label)
-    return choose_batch(method, call, named, connection, flag_batch, static, key)
+    return choose_batch(method, call, named, connection, requested, static, key)
 
 
 def static_per_replica(model: Any, connection: Any) -> int | None:
@@ -131,15 +132,16 @@ def static_per_replica(model: Any, connection: Any) -> int | None:
     return static
 
 
-def choose_batch(method: str, call: dict, named: set, connection: Any, flag_batch: int | None,
-                 static: int | None, key: str = "batch_size") -> BatchPlan:
+def choose_batch(method: str, call: Mapping[str, Any], named: set, connection: Any,
+                 requested: BatchPlan | None, static: int | None,
+                 key: str = "batch_size") -> BatchPlan:
     """Which batch a call means, checked against the connection's replicas: a dataset's
     own, else the call's `key` where the user named it, else `--batch-size`, else the
     Input's fixed batch, else Keras's default (for evaluate/predict batched as plain Keras
     batches them, or rounded up to whole replicas where it does not split).
 
     Args:
-        method / call / named / flag_batch / key: as for `plan_call`.
+        method / call / named / requested / key: as for `plan_call`.
         static: the Input's fixed batch per replica (`static_per_replica`), or None.
 
     Returns:
@@ -156,8 +158,10 @@ def choose_batch(method: str, call: dict, named: set, connection: Any, flag_batc
             return BatchPlan(0, replicas, 0)
     elif key in named and call.get(key) is not None:
         batch, what = call[key], key
-    elif flag_batch is not None:
-        batch, what = flag_batch, "--batch-size"
+    elif requested is not None:
+        if requested.replicas == replicas and static is None:
+            return requested  # the request's plan, carried through
+        batch, what = requested.global_batch, "--batch-size"
     elif static is not None:
         batch, what = static * replicas, key
     elif method == "fit":
@@ -174,7 +178,7 @@ def choose_batch(method: str, call: dict, named: set, connection: Any, flag_batc
                         static_per_replica=static, what=what)
 
 
-def check_samples(method: str, call: dict) -> None:
+def check_samples(method: str, call: Mapping[str, Any]) -> None:
     """Every NumPy array of a call (x, y, sample_weight, validation_data) has the same
     number of samples, and fit/evaluate get at least one; checked before anything runs.
 
@@ -200,7 +204,7 @@ def check_samples(method: str, call: dict) -> None:
                 "that made x")
 
 
-def validation_plan(call: dict, plan: BatchPlan, model: Any, connection: Any) -> BatchPlan:
+def validation_plan(call: Mapping[str, Any], plan: BatchPlan, model: Any, connection: Any) -> BatchPlan:
     """The batch of `fit`'s validation pass: its own, else the training batch."""
     batch = call.get("validation_batch_size") or plan.global_batch
     return plan_batches(batch, connection.replicas, what="validation_batch_size",

@@ -1,12 +1,12 @@
 """Rebuilding a model made outside the distribution strategy inside it.
 
 Keras's own rule (backend/tensorflow/trainer.py): "Model must be created under
-scope of DistStrat it will be trained with". Measured: `fit` in the scope on a
-model built outside fails with a bare AssertionError, "Mixing different
-tf.distribute.Strategy objects" or "colocate_vars_with must only be passed a
-variable created in this tf.distribute.Strategy.scope()". So variables are not
-moved: the model is rebuilt from its config inside the scope, weights copied, and compiled anew
-from its compile config (a new optimizer; the old object cannot be reused).
+scope of DistStrat it will be trained with"; `fit` in the scope on a model built outside
+fails (a bare AssertionError, "Mixing different tf.distribute.Strategy objects", or
+"colocate_vars_with must only be passed a variable created in this
+tf.distribute.Strategy.scope()"). So variables are not moved: the model is rebuilt from
+its config inside the scope, weights copied, and compiled anew from its compile config (a
+new optimizer; the old object cannot be reused).
 """
 
 from __future__ import annotations
@@ -322,3 +322,41 @@ def _rebind_parts(namespace: MutableMapping[str, Any], old: Any, new: Any) -> tu
             namespace[key] = pairs[id(value)]
             rebound.append(key)
     return tuple(sorted(rebound))
+
+
+def place_model(model: Any, connection: Any, namespace: Mapping[str, Any], label: str) -> str:
+    """A model the cell reaches with variables made elsewhere (a layer adapted in an earlier
+    cell, an optimizer compiled in a plain cell): moved onto the devices where the backend
+    can move variables (JAX), compiled again inside the strategy where only its optimizer
+    was made outside. Returns what to say.
+
+    Raises:
+        RewrapError: variables that cannot move, named with the parts made outside.
+    """
+    moved = connection.backend.place(model, connection)
+    if moved is not None:
+        parts = made_outside(model, moved, namespace)
+        devices = len(connection.devices) or connection.replicas
+        return (f"model {label!r} reached this cell with parts made outside "
+                f"{connection.strategy_name}: {', '.join(parts) or 'its variables'} now live "
+                f"on its {devices} device{'s' * (devices != 1)} (the same objects).")
+    outside = connection.backend.outside_variables(model, connection.strategy)
+    if model.compiled and not ({id(v) for v in outside} & {id(v) for v in model.weights}):
+        compile_again(model, connection, custom_objects_from(namespace, model))
+        return (f"model {label!r} was compiled outside {connection.strategy_name}: compiled "
+                "again inside it, with the same settings.")
+    raise _unnamed(label, made_outside(model, outside, namespace), connection)
+
+
+def _unnamed(label: str, parts: list[str], connection: Any) -> RewrapError:
+    if not parts:
+        return RewrapError(
+            f"model {label!r} was built outside {connection.strategy_name}, and this "
+            "cell reaches it without naming it. Name it in the cell (tpu_magic rebuilds the "
+            "models a cell names) or build it inside the %%tpu_train cell.")
+    return RewrapError(
+        f"model {label!r} uses {', '.join(parts)}, made outside "
+        f"{connection.strategy_name}, whose variables cannot move into it. Name "
+        f"{'it' if len(parts) == 1 else 'them'} in the %%tpu_train cell (tpu_magic makes the "
+        "layers and models a cell names again inside the strategy, weights included), or "
+        "make (and adapt) it inside the cell.")

@@ -14,11 +14,11 @@ from typing import Any
 
 import keras
 
+from tpu_magic.core.steps import TRACED
 from tpu_magic.training.inputs import exactness
 from tpu_magic.training.inputs import planning
 from tpu_magic.training.models import precision
 
-_TRACED = "_tpu_magic_traced"  # on the model: its functions were traced with the settings
 _STATE = "_tpu_magic_state"  # on the model: which variables its traced functions take
 
 
@@ -26,15 +26,16 @@ def prepare(model: Any, connection: Any, steps_per_execution: int | None,
             chosen: precision.Precision | None, label: str) -> list[str]:
     """Puts the settings on `model`. Returns the notes to say."""
     notes = []
-    k = steps_per_execution or model.steps_per_execution
-    retrace = not getattr(model, _TRACED, False)
-    cannot = connection.backend.steps_per_execution_note(connection, k)
-    if cannot:
-        notes.append(cannot)
-        k = 1
-    if model.steps_per_execution != k:
-        model.steps_per_execution = k
-        retrace = True
+    retrace = model.__dict__.get(TRACED) is None
+    if not connection.backend.groups_steps:  # else set for each call (`fit.steps`)
+        k = steps_per_execution or model.steps_per_execution
+        cannot = connection.backend.steps_per_execution_note(connection, k)
+        if cannot:
+            notes.append(cannot)
+            k = 1
+        if model.steps_per_execution != k:
+            model.steps_per_execution = k
+            retrace = True
     cannot_jit = connection.backend.jit_compile_note(connection, model)
     if cannot_jit:
         notes.append(cannot_jit)
@@ -53,17 +54,16 @@ def prepare(model: Any, connection: Any, steps_per_execution: int | None,
         retrace = True
     if changed or retrace:
         model.train_function = model.test_function = model.predict_function = None
-        object.__setattr__(model, _TRACED, True)
+        object.__setattr__(model, TRACED, object())  # a new generation of its functions
     return notes
 
 
 def settle_traced_state(model: Any) -> None:
     """After a call Keras ran: what Keras builds in a model's first call (its optimizer's
     variables, its compiled metrics') joins the state the functions were just traced with,
-    so the next call does not retrace for it, as plain Keras does not (on JAX a retrace
-    recompiles the step, 1.2 s of a KerasHub Gemma LoRA cell's second fit on 8 simulated
-    devices; on TensorFlow the seeds' CNN traced again and held 0.3 GiB more). Anything else that changed during the call (a callback unfreezing a layer)
-    still retraces the next one."""
+    so the next call does not retrace for it, as plain Keras does not (a retrace compiles
+    the step again, and on TensorFlow holds a second trace). Anything else that changed
+    during the call (a callback unfreezing a layer) still retraces the next one."""
     before = model.__dict__.get(_STATE)
     if before is None:
         return

@@ -34,27 +34,14 @@ def device_bytes(connection: Any, planned: tuple[Chip, int] | None) -> float | N
     return memory.total_gib * _GIB if memory and memory.total_gib else None
 
 
-def first_batch(data: Any) -> Any:
-    """The first global batch of a built input (tpu_magic's own `PyDataset` of whole batches,
-    or a user's input that can show it without being read ahead: `peek`), or None."""
-    peek = getattr(data, "peek", None)
-    if callable(peek):
-        return peek()
-    try:
-        return data[0] if hasattr(data, "__getitem__") and hasattr(data, "__len__") else None
-    except (IndexError, TypeError, KeyError):
-        return None
-
-
-def before_fit(connection: Any, model: Any, data: Any,
+def before_fit(connection: Any, model: Any, batch: Any,
                planned: tuple[Chip, int] | None) -> str | None:
-    """The plan's line for the report (None: the backend cannot plan, or no batch to plan
-    from).
+    """The plan's line for the report, from the fit's first batch (None: the backend cannot
+    plan, or no batch to plan from).
 
     Raises:
         MemoryPlanError: the step will not fit a device (nothing has run).
     """
-    batch = first_batch(data)
     if batch is None:
         return None
     memory = connection.backend.step_memory(model, batch)
@@ -67,12 +54,13 @@ def before_fit(connection: Any, model: Any, data: Any,
     return line(memory, total, where)
 
 
-def choose(connection: Any, model: Any, data: Any, planned: tuple[Chip, int] | None,
+def choose(connection: Any, model: Any, batch: Any, planned: tuple[Chip, int] | None,
            owners: Any = None
            ) -> tuple[Any, tuple[int, int] | None, str | None]:
     """`--shard auto`: data parallel where its step fits a device with headroom, else the
     fewest model columns M (a divisor of the devices) whose step fits, the data rows taking
-    the rest; each planned from abstract inputs, before anything runs.
+    the rest; each planned from abstract inputs shaped as the fit's first `batch`, before
+    anything runs.
 
     Returns:
         (the connection to train on, its mesh (None: data parallel), the plan's line).
@@ -80,7 +68,6 @@ def choose(connection: Any, model: Any, data: Any, planned: tuple[Chip, int] | N
     Raises:
         MemoryPlanError: not even the most model columns fit (the fixes named).
     """
-    batch = first_batch(data)
     memory = None if batch is None else connection.backend.step_memory(model, batch)
     if memory is None:  # no plan (TensorFlow, or no batch to plan from): data parallel
         return connection, None, None

@@ -55,22 +55,70 @@ def place(connection: Connection, request: TrainRequest, owners: Owners | None =
                      request.mesh, settled=True)
 
 
-def settle(placement: Placement, request: TrainRequest, model: Any, data: Any,
-           owners: Owners | None = None) -> Placement:
-    """Before a `fit`'s first step: the memory plan, and `--shard auto`'s choice (where data
-    parallelism does not fit, `model` is laid out over the mesh that does).
+def users(placement: Placement) -> tuple[Placement, str] | None:
+    """A distribution the user's own code put in force (before the cell or in it), which
+    wins over tpu_magic's: the placement that trains with it from now on, and what to say
+    (None: there is none)."""
+    connection = placement.connection
+    found = connection.backend.users_distribution(connection)
+    if found is None:
+        return None
+    theirs, described = found
+    return (Placement(theirs, None, settled=True),
+            f"the cell's own keras.distribution is in force ({described}): it lays out the "
+            f"models and splits the batches, in place of tpu_magic's {connection.strategy_name}.")
+
+
+def settle(placement: Placement, request: TrainRequest, model: Any,
+           first_batch: Callable[[], Any], owners: Owners | None = None) -> Placement:
+    """Before a `fit` builds its inputs: the memory plan, and `--shard auto`'s choice (where
+    data parallelism does not fit, `model` is laid out over the mesh that does), both from
+    the shapes of the fit's first batch (`first_batch()`, asked only where a plan is made).
+    Settled once a model, setup and batch type: a later fit or cell of the same takes the
+    same placement (the same mesh, already laid out), planning and compiling nothing.
 
     Raises:
         MemoryPlanError: the step will not fit a device (nothing has run).
     """
+    if placement.settled and not (placement.mesh or request.plan_for):
+        return placement
+    batch = first_batch()
+    key = _settled_key(placement, request, model, batch)
+    earlier = model.__dict__.get(_SETTLED, {})
+    if key in earlier:
+        found = earlier[key]
+        return found if not placement.settled else replace(placement,
+                                                           memory_plan=found.memory_plan)
     connection = placement.connection
     if not placement.settled:  # --shard auto, at its first fit
-        chosen, mesh, line = memory_plan.choose(connection, model, data, request.plan_for,
+        chosen, mesh, line = memory_plan.choose(connection, model, batch, request.plan_for,
                                                 owners)
         if mesh is not None:
             chosen.backend.reshard(model, chosen)
-        return Placement(chosen, mesh, line, settled=mesh is not None)  # data: asks again
-    if placement.mesh or request.plan_for:
-        line = memory_plan.before_fit(connection, model, data, request.plan_for)
-        return replace(placement, memory_plan=line)
-    return placement
+        # data parallel stays open: a later fit of another batch may need model columns
+        settled = Placement(chosen, mesh, line, settled=mesh is not None)
+    else:
+        settled = replace(placement, memory_plan=memory_plan.before_fit(
+            connection, model, batch, request.plan_for))
+    object.__setattr__(model, _SETTLED, {**earlier, key: settled})
+    return settled
+
+
+_SETTLED = "_tpu_magic_settled"  # on a model: the placements settled for it, by `_settled_key`
+
+
+def _settled_key(placement: Placement, request: TrainRequest, model: Any, batch: Any) -> tuple:
+    """What a settled placement holds for: the connection (its target, replicas and mesh),
+    the request's shard, mesh and chip, the model's variables (a layer unfrozen or swapped
+    changes the step's memory) and the batch's shapes."""
+    import keras
+
+    connection = placement.connection
+    variables = tuple((id(v), tuple(v.shape), str(v.dtype), v.trainable)
+                      for v in model.variables)
+    shapes = tuple((tuple(getattr(a, "shape", ())), str(getattr(a, "dtype", "")))
+                   for a in keras.tree.flatten(batch)) if batch is not None else None
+    chip = None if request.plan_for is None else (request.plan_for[0].name,
+                                                  request.plan_for[1])
+    return (connection.target, connection.replicas, placement.mesh, request.shard,
+            request.mesh, chip, variables, shapes)

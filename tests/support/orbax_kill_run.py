@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent.parent))  # tests/, for `support`
 
 from support.cells import SHARDED  # noqa: E402
 from support.shell import testing_shell  # noqa: E402

@@ -16,7 +16,7 @@ import re
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent.parent))  # tests/, for `support`
 
 from support.shell import testing_shell  # noqa: E402
 

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent.parent))  # tests/, for `support`
 
 from support.cells import SIX_EPOCHS  # noqa: E402
 from support.data import SETUP  # noqa: E402

@@ -97,9 +97,8 @@ def _inputs(runs_short=False):
     backend = SimpleNamespace(inputs=lambda: recorder, runs_short_batches=lambda: runs_short,
                               repeats_input=lambda steps, given: False, evaluates_rest=False)
     connection = SimpleNamespace(backend=backend, replicas=8, tpu_rules=False, strategy=None)
-    notes, left_out = [], {}
-    return Inputs(connection, notes.append, left_out, lambda m: "model"), recorder, notes, \
-        left_out
+    notes = []
+    return Inputs(connection, notes.append, lambda m: "model"), recorder, notes
 
 
 def _fit_call(x, y, **given):
@@ -110,19 +109,24 @@ def _fit_call(x, y, **given):
 
 
 def test_fit_holds_out_keras_validation_rows_and_folds_class_weight():
-    inputs, recorder, notes, left_out = _inputs()
+    inputs, recorder, notes = _inputs()
     x, y = np.arange(100 * 4, dtype="float32").reshape(100, 4), np.arange(100) % 3
-    call = _fit_call(x, y, validation_split=0.2, class_weight={0: 1.0, 1: 2.0, 2: 3.0})
-    batch = inputs.for_fit(_dense(), call, BatchPlan(32, 8, 4), seed=5)
+    given = _fit_call(x, y, validation_split=0.2, class_weight={0: 1.0, 1: 2.0, 2: 3.0})
+    before = dict(given)
+    built = inputs.for_fit(_dense(), given, BatchPlan(32, 8, 4), seed=5)
     train, validation = recorder.asked
     assert (train["kind"], train["samples"], train["seed"], train["remainder"]) == \
         ("train", 80, 5, "pad")
     assert validation["kind"] == "eval" and validation["samples"] == 20
     np.testing.assert_array_equal(train["weights"], np.array([1.0, 2.0, 3.0])[y[:80]])
-    assert batch == 32 and call["x"] == "train dataset" and call["validation_split"] == 0.0
+    call = built.call
+    assert built.batch == 32 and call["x"] == "train dataset" and call["validation_split"] == 0.0
     assert call["class_weight"] is None and call["shuffle"] is False and call["y"] is None
     assert call["validation_data"] == "eval dataset" and call["validation_steps"] == 1
-    assert notes == [] and left_out == {"validation": 3}
+    assert notes == [] and dict(built.left_out) == {"validation": 3}
+    assert given == before  # the call given is left as it was: a new one comes back
+    with pytest.raises(TypeError):
+        call["x"] = None  # and that one is read-only
 
 
 def test_fit_without_targets_refuses_sample_weights():
@@ -134,7 +138,7 @@ def test_fit_without_targets_refuses_sample_weights():
 
 
 def test_a_loss_that_cannot_take_the_mask_drops_the_remainder_and_says_so():
-    inputs, recorder, notes, _ = _inputs()
+    inputs, recorder, notes = _inputs()
     x, y = np.zeros((30, 3), "float32"), np.zeros((30, 3), "float32")
     inputs.for_fit(_dense(mean_squared), _fit_call(x, y), BatchPlan(16, 8, 2), seed=0)
     assert recorder.asked[0]["remainder"] == "drop" and recorder.asked[0]["batch"] == 16
@@ -142,14 +146,25 @@ def test_a_loss_that_cannot_take_the_mask_drops_the_remainder_and_says_so():
 
 
 def test_where_short_batches_run_as_they_are_nothing_is_padded():
-    inputs, recorder, notes, _ = _inputs(runs_short=True)
+    inputs, recorder, notes = _inputs(runs_short=True)
     x, y = np.zeros((12, 4), "float32"), np.zeros(12)
-    batch = inputs.for_fit(_dense(mean_squared), _fit_call(x, y), BatchPlan(64, 8, 8), seed=0)
-    assert recorder.asked[0]["remainder"] == "short" and batch == 12 and notes == []
+    built = inputs.for_fit(_dense(mean_squared), _fit_call(x, y), BatchPlan(64, 8, 8), seed=0)
+    assert recorder.asked[0]["remainder"] == "short" and built.batch == 12 and notes == []
 
 
 def test_an_input_neither_arrays_nor_batched_goes_to_keras_as_it_is():
-    inputs, recorder, _, _ = _inputs()
-    call = _fit_call(object(), None)
-    assert inputs.for_fit(_dense(), call, BatchPlan(8, 8, 1), seed=0) == 8
-    assert recorder.asked == [] and inputs.first_batches is None
+    inputs, recorder, _ = _inputs()
+    built = inputs.for_fit(_dense(), _fit_call(object(), None), BatchPlan(8, 8, 1), seed=0)
+    assert built.batch == 8 and recorder.asked == [] and built.first is None
+
+
+def test_the_first_batch_is_told_from_the_arrays_without_building_a_pipeline():
+    inputs, recorder, _ = _inputs()
+    x, y = np.zeros((30, 4), "float32"), np.zeros(30)
+    first = inputs.first_batch(_dense(), _fit_call(x, y), BatchPlan(16, 8, 2))
+    assert recorder.asked == []  # nothing built
+    fx, fy, weights = first  # padded: every batch carries the mask, as the pipeline's do
+    assert fx.shape == (16, 4) and fy.shape == (16,) and set(weights) >= {"tpu_magic_mask"}
+    inputs, _, _ = _inputs(runs_short=True)
+    assert [a.shape for a in inputs.first_batch(_dense(), _fit_call(x, y),
+                                                 BatchPlan(64, 8, 8))] == [(30, 4), (30,)]

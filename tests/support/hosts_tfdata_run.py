@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent.parent))  # tests/, for `support`
 
 from support.data import DIGITS, IMAGES  # noqa: E402
 from support.shell import testing_shell  # noqa: E402

@@ -1,0 +1,123 @@
+"""K steps a dispatch on JAX (`backends/jax/device_loop.py`): grouped steps compute what
+single steps compute, read each batch once in its pass, and are chosen by themselves only
+where they pay; a later cell of the same setup compiles nothing."""
+
+import numpy as np
+import pytest
+
+from support.cells import train
+from support.same import plainly, same_history, same_weights
+
+# Dropout (the random streams), BatchNormalization (statistics that move), a short last
+# batch (1000 = 31 x 32 + 8), validation with its own short batch, sample weights
+SETUP = """
+import numpy as np, keras
+rows = np.random.RandomState(0)
+x = rows.rand(1000, 16).astype("float32")
+y = rows.randint(0, 5, 1000)
+w = rows.rand(1000).astype("float32")
+"""
+MODEL = """
+keras.utils.set_random_seed(11)
+model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, activation="relu"),
+                          keras.layers.Dropout(0.3), keras.layers.BatchNormalization(),
+                          keras.layers.Dense(5, activation="softmax")])
+model.compile(keras.optimizers.Adam(1e-2), "sparse_categorical_crossentropy",
+              metrics=["accuracy"])
+"""
+FIT = ("history = model.fit(x, y, sample_weight=w, batch_size=32, epochs=3, shuffle=False, "
+       "validation_data=(x[:100], y[:100]), verbose=0)\n"
+       "rows_out = model.predict(x[:77], verbose=0)\n"
+       "evaluation = model.evaluate(x[:300], y[:300], verbose=0, return_dict=True)\n")
+
+
+def _run(ip, line):
+    ip.run_cell(SETUP)
+    report = train(ip, MODEL + FIT, "--no-progress " + line)
+    return report, {name: ip.user_ns[name] for name in ("model", "history", "rows_out",
+                                                         "evaluation")}
+
+
+@pytest.mark.parametrize("placement", ["", "--shard model --mesh 2x4"])
+def test_k_steps_a_dispatch_equal_one_step_a_dispatch(ip, placement):
+    grouped, ours = _run(ip, f"--steps-per-execution 8 {placement}")
+    single, theirs = _run(ip, f"--steps-per-execution 1 {placement}")
+    assert grouped.execution.k == 8 and single.execution.k == 1
+    same_history(theirs, ours, tolerance=dict(rel=1e-6, abs=1e-6))
+    same_weights(theirs, ours, atol=1e-6)
+    np.testing.assert_allclose(ours["rows_out"], theirs["rows_out"], rtol=1e-6, atol=1e-7)
+    for key, value in theirs["evaluation"].items():
+        assert ours["evaluation"][key] == pytest.approx(value, rel=1e-6, abs=1e-7), key
+    plain = plainly(SETUP, MODEL + FIT)  # and plain Keras on one device, to float noise
+    same_history(plain, ours)
+    same_weights(plain, ours, atol=1e-5)
+
+
+def test_auto_groups_a_small_models_steps_says_why_and_a_later_cell_compiles_nothing(ip):
+    ip.run_cell(SETUP + "x = np.concatenate([x] * 8); y = np.concatenate([y] * 8)")
+    first = train(ip, MODEL + "model.fit(x, y, batch_size=32, epochs=1, verbose=0)")
+    assert first.execution.k > 1 and first.execution.why.startswith("auto: a step takes ")
+    assert f"steps per execution: {first.execution.k} (auto" in first.summary()
+    again = train(ip, "model.fit(x, y, batch_size=32, epochs=1, verbose=0)")
+    assert again.execution == first.execution  # measured once: the same programs
+    assert again.xla_compile is None or again.xla_compile.describe() is None, \
+        again.xla_compile.describe()
+    assert again.samples_per_second  # several executions: a steady rate after the first
+
+
+def test_a_callback_that_reads_every_batch_keeps_one_step_an_execution(ip):
+    ip.run_cell(SETUP + "x = np.concatenate([x] * 8); y = np.concatenate([y] * 8)\n"
+                "seen = []")
+    report = train(ip, MODEL + "model.fit(x, y, batch_size=32, epochs=1, verbose=0, "
+                               "callbacks=[keras.callbacks.LambdaCallback("
+                               "on_train_batch_end=lambda batch, logs: seen.append(batch))])")
+    assert report.execution.k == 1 and "LambdaCallback reads every batch" in \
+        report.execution.why
+    assert ip.user_ns["seen"] == list(range(250))
+
+
+# A user's input read K steps an execution: Keras keeps one iterator across the epochs
+# where the fit names steps_per_epoch, so an execution must stop at its pass's end (read on,
+# an execution of 2 took the next epoch's first batch, and every other epoch found its
+# input spent: "Your input ran out of data").
+DATASET = """
+class Rows(keras.utils.PyDataset):
+    def __len__(self):
+        return 9
+    def __getitem__(self, i):
+        return x[i * 32:(i + 1) * 32], y[i * 32:(i + 1) * 32]
+"""
+
+
+def test_a_dataset_read_k_steps_an_execution_stays_in_its_pass(ip, recwarn):
+    cell = MODEL + DATASET + ("history = model.fit(Rows(), steps_per_epoch=9, epochs=3, "
+                              "shuffle=False, verbose=0)")
+    plain = plainly(SETUP, cell)
+    ip.run_cell(SETUP)
+    report = train(ip, cell, "--no-progress --steps-per-execution 2")
+    assert report.execution.k == 2 and report.steps == 27
+    same_history(plain, ip.user_ns)
+    assert not [w for w in recwarn if "ran out of data" in str(w.message)]
+
+
+def test_shard_auto_settles_once_and_later_cells_compile_nothing(ip, monkeypatch, recwarn):
+    # a device a little over half the data-parallel step's memory: auto lays the model out
+    # over model columns (as in test_jax_backend's auto test); two later cells of the same
+    # model plan, lay out and compile nothing, and Keras sees no mix of local and
+    # distributed variables
+    from support.cells import SHARDED
+
+    data = train(ip, SHARDED.replace("epochs=2", "epochs=1"), "--no-progress --shard auto")
+    peak = float(data.memory_plan.split("memory plan: ")[1].split()[0])
+    monkeypatch.setenv("TPU_MAGIC_DEVICE_MEMORY_BYTES", str(int(0.6 * peak * 2**30)))
+    first = train(ip, SHARDED, "--no-progress --shard auto")
+    assert first.strategy == "DerivedModelParallel"
+    fit = "history = sharded.fit(tokens, targets, batch_size=32, epochs=1, shuffle=False, " \
+          "verbose=0)"
+    later = [train(ip, fit, "--no-progress --shard auto") for _ in range(2)]
+    for report in later:
+        assert report.strategy == "DerivedModelParallel" and report.memory_plan == \
+            first.memory_plan
+        assert report.xla_compile is None or report.xla_compile.describe() is None, \
+            report.xla_compile.describe()
+    assert not [w for w in recwarn if "mix of local" in str(w.message)]

@@ -1,0 +1,102 @@
+"""A cell's `evaluate`, `predict` and `*_on_batch` calls (its `fit` is `fit.plan` and
+`fit.run`): each one's inputs built for its checked batch, Keras's own method run on them,
+and its result as plain Keras returns it, with what the report keeps of it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import keras
+
+from tpu_magic.core import arrays
+from tpu_magic.core.batching import BatchPlan
+from tpu_magic.training import routing
+from tpu_magic.training.fit.run import steps_for
+from tpu_magic.training.inputs import exactness
+from tpu_magic.training.inputs.build import Inputs
+
+
+@dataclass(frozen=True)
+class Evaluated:
+    """An `evaluate`: its result as Keras returns it, its numbers for the report, and the
+    samples it left out (those a one-device copy could not count in)."""
+
+    result: Any
+    numbers: dict[str, float]
+    left_out: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class Calls:
+    """Runs a cell's calls on one connection.
+
+    Args:
+        inputs: builds their inputs (its connection is theirs).
+        quiet: Keras's own progress output off (the cell's bars show).
+        one_device_copy: model -> a maker of its compiled copy on one device (plain
+            Keras's code: where `evaluate`'s left-out samples are evaluated).
+        requested: `--steps-per-execution` (None: auto: `fit.run.steps_for`).
+    """
+
+    inputs: Inputs
+    quiet: bool
+    one_device_copy: Callable[[Any], Callable[[], Any]]
+    requested: int | None = None  # --steps-per-execution (None: auto)
+
+    def evaluate(self, model: Any, call: Mapping[str, Any], plan: BatchPlan) -> Evaluated:
+        built = self.inputs.for_evaluate(model, call, plan)
+        call = dict(built.call, return_dict=True)
+        if self.quiet:
+            call["verbose"] = 0
+        with self._grouped(model, built, "test", call.get("callbacks")):
+            result = routing.keras_method("evaluate")(model, **call)
+        left_out = dict(built.left_out)
+        if built.rest is not None:
+            counted = self._evaluate_rest(model, built.rest, left_out.get("evaluate"))
+            if counted is not None:
+                result = counted
+                left_out.pop("evaluate", None)
+        numbers = {k: float(v) for k, v in result.items()}
+        # Keras's own ordering of a non-dict result (a scalar for a single value)
+        wanted = result if built.call.get("return_dict", False) else \
+            model._flatten_metrics_in_order(result)
+        return Evaluated(wanted, numbers, left_out)
+
+    def _grouped(self, model: Any, built: Any, kind: str, callbacks: Any) -> Any:
+        """The call's steps an execution (`fit.run.steps_for`), in force while it runs."""
+        connection = self.inputs.connection
+        chosen = steps_for(connection, model, built, self.requested, kind, callbacks)
+        return connection.backend.grouped_steps(model, chosen.k, built.own, built.lengths())
+
+    def _evaluate_rest(self, model: Any, rest: tuple, count: int | None) -> dict | None:
+        """`evaluate`'s results with its left-out samples evaluated on one device and
+        counted in (`Backend.evaluate_rest`); None where they stay left out (said)."""
+        backend = self.inputs.connection.backend
+        if not backend.evaluates_rest:
+            return None
+        try:
+            with exactness.suspended(model):
+                return backend.evaluate_rest(model, rest, self.one_device_copy(model))
+        except Exception as exc:  # noqa: BLE001 - the samples stay left out, and it is said
+            self.inputs.note(f"evaluate left out its last {count} samples: a one-device copy "
+                             f"of {self.inputs.label(model)!r} could not evaluate them "
+                             f"({type(exc).__name__}: {exc})")
+            return None
+
+    def predict(self, model: Any, call: Mapping[str, Any], plan: BatchPlan) -> Any:
+        built = self.inputs.for_predict(model, call, plan)
+        call = dict(built.call, verbose=0) if self.quiet else dict(built.call)
+        with self._grouped(model, built, "predict", call.get("callbacks")):
+            out = routing.keras_method("predict")(model, **call)
+        return out if built.rows is None else arrays.trim(out, built.rows)
+
+
+def rows_of(out: Any) -> int:
+    """How many rows a `predict` returned (the report's)."""
+    return len(keras.tree.flatten(out)[0])
+
+
+def predict_on_batch_call(call: Mapping[str, Any]) -> dict:
+    """`predict_on_batch(x)` as the `predict` call that gives its rows (one batch's worth)."""
+    return {"x": call["x"], "batch_size": None, "verbose": 0, "steps": None, "callbacks": None}

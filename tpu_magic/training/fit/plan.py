@@ -1,0 +1,126 @@
+"""A `fit` settled before anything is built: `plan_fit` returns the frozen `FitPlan`.
+
+The batch is planned here and nowhere else (the request's `--batch-size` plan carried
+through), the placement settled from the shapes of the fit's first batch before any
+pipeline exists (the memory plan, `--shard auto`'s choice), and the epochs, the data
+order's seed and the checkpoint it resumes from fixed. The inputs are then built once, for
+the plan (`inputs.build`), and the fit runs (`fit.run`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
+
+from tpu_magic.core import arrays
+from tpu_magic.core.batching import BatchPlan, plan_batches
+from tpu_magic.training.inputs import planning
+from tpu_magic.training.placement.place import Owners, Placement, settle
+from tpu_magic.training.request import TrainRequest
+
+
+@dataclass(frozen=True)
+class FitPlan:
+    """What a `fit` will do, settled before its inputs are built.
+
+    Attributes:
+        model: the model it trains.
+        call: its arguments as the inputs are built from: the user's (tensors as arrays),
+            the request's `--epochs`, and the epoch it resumes at (read-only).
+        named: the arguments the user gave.
+        batch: the batch over the placement's data rows (a batch of 0: a dataset's own,
+            told once the input is built or read: `told`).
+        placement: the connection and mesh it trains on, settled.
+        seed: the data order's seed (a resumed fit's is its checkpoint's).
+        resume_from: the checkpoint it continues from (None: the start).
+        steps: the steps an execution (`fit.steps.Steps`), chosen once the inputs are built
+            (`fit.run.ready`; None before).
+        first: the fit's first batch as fed, where it can be read without changing what
+            Keras reads (`fit.run.first_batch`; None: not known).
+    """
+
+    model: Any
+    call: Mapping[str, Any]
+    named: frozenset
+    batch: BatchPlan
+    placement: Placement
+    seed: int
+    resume_from: Any = None
+    steps: Any = None
+    first: Any = None
+
+    @property
+    def connection(self) -> Any:
+        return self.placement.connection
+
+    def told(self, batch: int) -> "FitPlan":
+        """The plan with a dataset's batch, where only the input could tell it (`batch`, 0:
+        not yet); checked against the data rows as any batch is.
+
+        Raises:
+            BatchSizeError: the dataset's batch does not split over the replicas.
+        """
+        if self.batch.global_batch or not batch:
+            return self
+        return replace(self, batch=plan_batches(batch, self.connection.replicas,
+                                                what="the dataset's batch"))
+
+    def seen(self, batch: int) -> "FitPlan":
+        """The plan with the batch Keras read from a user's input, after the fit (unchecked:
+        it ran)."""
+        if self.batch.global_batch or not batch:
+            return self
+        replicas = self.connection.replicas
+        return replace(self, batch=BatchPlan(batch, replicas, batch // replicas))
+
+
+Resume = Callable[[Any, int, Any], Any]  # (model, epochs, connection) -> a checkpoint or None
+
+
+def plan_fit(request: TrainRequest, placement: Placement, model: Any,
+             call: Mapping[str, Any], named: set, *, first_batch: Callable[..., Any],
+             prepare: Callable[[Any], None], resume: Resume | None, note: Callable[..., None],
+             label: str | None = None, owners: Owners | None = None) -> FitPlan:
+    """Plans a `fit`: its batch, the model's settings (`prepare`), the placement settled
+    from its first batch (`first_batch(connection, model, call, batch)`, built from the
+    arrays or read safely from a dataset, never a pipeline), `--scale-lr`, and where it
+    resumes (`resume`: the checkpoint `--resume` continues from, and its data order's seed;
+    None, or nothing to resume: from the start, with a new seed).
+
+    Raises:
+        BatchSizeError, InputError: the batch or the inputs, before anything runs.
+        MemoryPlanError: the step will not fit a device.
+        CheckpointError: `--resume` finds no checkpoint that reads back.
+    """
+    call = dict(call)
+    if "epochs" not in named and request.epochs is not None:
+        call["epochs"] = request.epochs
+    batch = _batch(request, placement, model, call, named, label, note)
+    prepare(model)
+    settled = settle(placement, request, model,
+                     lambda: first_batch(placement.connection, model, call, batch), owners)
+    if settled.connection is not placement.connection:  # --shard auto laid out a mesh
+        batch = _batch(request, settled, model, call, named, label, note)
+    resume_from = None if resume is None else resume(model, call["epochs"], settled.connection)
+    seed = arrays.new_seed() if resume_from is None else resume_from.seed
+    if resume_from is not None:
+        call["initial_epoch"] = resume_from.epoch
+    return FitPlan(model, MappingProxyType(call), frozenset(named), batch, settled, seed,
+                   resume_from)
+
+
+def _batch(request: TrainRequest, placement: Placement, model: Any, call: Mapping[str, Any],
+           named: set, label: str | None, note: Callable[..., None]) -> BatchPlan:
+    """The fit's batch over the placement's data rows, its advice said, and `--scale-lr`
+    applied for it: the one planning step (again only where `--shard auto` moved the fit
+    onto a mesh of fewer data rows)."""
+    batch = planning.plan_call("fit", model, call, named, placement.connection,
+                               request.batch, label=label)
+    for warning in batch.warnings:
+        note(warning, "warning: ")
+    if request.scale_lr:
+        said = planning.scale_learning_rate(model, batch)
+        if said:
+            note(said, "")
+    return batch

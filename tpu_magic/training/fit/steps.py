@@ -1,0 +1,118 @@
+"""How many steps a call runs an execution (one dispatch to the device): the user's own
+`steps_per_execution` or `--steps-per-execution K`, else chosen (`--steps-per-execution
+auto`, the default) from a step's measured device time and the host's work an execution.
+
+A dispatch costs the host a fixed amount (Keras's loop, the callbacks' hooks, the batches'
+transfer, the call into the compiled program). While the device runs K steps of d seconds
+each, that host work of h seconds is either hidden behind them or, when K·d is short, what
+the device waits for. K is the smallest whole number for which h is at most 5 % of K·d,
+bounded by the epoch's steps (a divisor of them where one is near, so every execution is
+the same program) and by at least four executions an epoch (so the bar moves and a steady
+rate is measured after the first), by memory (K batches on the device at once) and by a
+cap; 1 where a
+step alone already outlasts the host's work 19 times over (a language model's step of
+tens of milliseconds). Pure arithmetic: the measurements come from the backend.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+HOST_SHARE = 0.05  # the host's work an execution, at most this share of its device time
+MOST = 1024  # steps an execution, at most
+EXECUTIONS = 4  # executions an epoch, at least (where its steps allow)
+MEMORY_SHARE = 1 / 16  # K batches on a device take at most this share of its memory
+CPU_BATCHES_BYTES = 2 ** 30  # where a device's memory is not known: 1 GiB of batches
+# Keras's own work an execution beyond the step's dispatch and its inputs (its loop, the
+# callbacks' hooks, the state's bookkeeping), in seconds; measured with the magic's
+# callbacks on this project's machine (docs/benchmarks.md): an estimate, not a bound.
+KERAS_LOOP_SECONDS = 2e-4
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """One step, measured: its device seconds, and the host's seconds an execution (the
+    dispatch and one batch's transfer; Keras's loop is added as `KERAS_LOOP_SECONDS`)."""
+
+    device: float
+    host: float
+
+
+@dataclass(frozen=True)
+class Steps:
+    """Steps an execution, and why (the report's line)."""
+
+    k: int
+    why: str
+
+    def line(self) -> str:
+        return f"steps per execution: {self.k} ({self.why})"
+
+
+def chosen(requested: int | None, own: int, measure: Callable[[], StepTimes | None],
+           epoch_steps: int | None, batch_bytes: int, device_bytes: float | None,
+           batch_hooks: list[str]) -> Steps:
+    """The steps an execution for one call.
+
+    Args:
+        requested: `--steps-per-execution` (None: not given).
+        own: the model's own `steps_per_execution` (what `compile` was given).
+        measure: a step's times on this setup, asked only where more than one step an
+            execution could be chosen (None: not measured, e.g. TensorFlow).
+        epoch_steps: the steps of one pass over the input (None: not known).
+        batch_bytes: one batch's bytes on a device.
+        device_bytes: a device's memory (None: not known).
+        batch_hooks: the user's callbacks that read every batch (their class names).
+    """
+    if requested is not None:
+        return Steps(requested, "--steps-per-execution")
+    if own > 1:
+        return Steps(own, "the model's own steps_per_execution")
+    if batch_hooks:
+        return Steps(1, f"{', '.join(batch_hooks)} reads every batch, so every step is its "
+                        "own execution")
+    if epoch_steps is not None and epoch_steps // EXECUTIONS <= 1:
+        return Steps(1, f"the epoch's {epoch_steps} steps are too few to group")
+    measured = measure()
+    if measured is None:
+        return Steps(1, "one step an execution: no step was measured on this device")
+    host = measured.host + KERAS_LOOP_SECONDS
+    device = max(measured.device, 1e-7)
+    wanted = math.ceil(host * (1 - HOST_SHARE) / HOST_SHARE / device)
+    said = (f"a step takes {_ms(device)} on the device and the host {_ms(host)} an "
+            f"execution")
+    if wanted <= 1:
+        return Steps(1, f"auto: {said}, so one step a dispatch keeps the host under "
+                        f"{HOST_SHARE:.0%}")
+    bounds = [(MOST, "the cap")]
+    if epoch_steps:  # several executions an epoch: the bar moves, a steady rate is measured
+        bounds.append((max(1, epoch_steps // EXECUTIONS),
+                       f"{EXECUTIONS} executions in the epoch's {epoch_steps} steps"))
+    memory = device_bytes * MEMORY_SHARE if device_bytes else CPU_BATCHES_BYTES
+    if batch_bytes > 0:
+        bounds.append((max(1, int(memory // batch_bytes)), "memory for the batches"))
+    most, bound = min(bounds)
+    k = _fitting(min(wanted, most), epoch_steps)
+    if k <= 1:
+        return Steps(1, f"auto: {said}; one step a dispatch, bounded by {bound}")
+    why = f"auto: {said}; {k} steps a dispatch keep the host under {HOST_SHARE:.0%}"
+    if most < wanted:
+        why = f"auto: {said}; {k} steps a dispatch, bounded by {bound}"
+    return Steps(k, why)
+
+
+def _fitting(k: int, epoch_steps: int | None) -> int:
+    """`k`, or the largest divisor of the epoch's steps not below half of it (every
+    execution then runs the same program; the last, shorter one compiles its own)."""
+    if not epoch_steps or epoch_steps % k == 0:
+        return k
+    for divisor in range(k, max(k // 2, 2) - 1, -1):
+        if epoch_steps % divisor == 0:
+            return divisor
+    return k
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms"

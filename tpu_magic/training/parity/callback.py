@@ -1,0 +1,186 @@
+"""The first-step parity check as a Keras callback: the state before a fit's first step
+copied, and after its first execution the same steps run on one device and compared
+(`compare`)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import keras
+import numpy as np
+
+from tpu_magic.core.arrays import batch_shapes
+from tpu_magic.core.steps import StepState
+from tpu_magic.training.parity.compare import (AGREED, Parity, Skipped, compare,
+                                               compare_inference, comparison_setup, real_rows)
+
+
+class FirstStep(keras.callbacks.Callback):
+    """Copies the state before a fit's first step, and after its first execution (K steps)
+    compares it with the same steps on one device (see the module's docstring).
+
+    Args:
+        state: reads the model's `StepState` (the backend's `step_state`).
+        step_logs: the metrics over the whole batch after a step, from the model and a
+            callback's logs (the backend's `step_logs`).
+        first_batches: the first `k` batches of the epoch as fed (None: cannot be known).
+        reference: runs `k` batches on one device from a `StepState`, returning (its logs,
+            its `StepState`): the backend's `one_device_steps`.
+        tolerance: the relative difference allowed.
+        likely: names a cause (see `likely_cause`): (loss differs, update ratio, padded).
+        random_draws: where the replicas would draw random numbers one device does not
+            (Dropout on TensorFlow replicas): the training step cannot be compared, so the
+            first batch is compared in inference mode (`inference`), or the check is skipped,
+            saying so.
+        inference: (model, the first batch as fed, its real rows) -> (the distributed logs,
+            one device's) in inference mode, None where it cannot tell (the backend's
+            `distributed_inference` and `one_device_inference`).
+        where: the devices the model trains on, for `setup_key`.
+        agreed: setups compared earlier in this notebook that agreed: not compared again.
+        setup_before: the `setup_key` the first execution will have, told before the fit
+            from its batches' shapes (`setup_before`; None: not known before the fit reads).
+
+    After fit, `outcome` is a `Parity` or `Skipped` (None: the first step never ended).
+    Where the outcome is known before the fit (a setup agreed earlier, a first batch that
+    cannot be read again, random draws with nothing to compare in inference mode) it is
+    set at once, and the callback does nothing.
+
+    Not async-safe otherwise (Keras then runs every batch hook of the fit it checks on the
+    main thread): its hook after the first execution reads the model's state and sets
+    Keras's distribution aside for the one-device step, which must not overlap what Keras
+    does next on the main thread (the next step, or at an epoch of one execution, the
+    state's sync and the validation pass). It checks a cell's first fit on several
+    replicas only. Settled before the fit, it is async-safe: it leaves Keras's worker
+    threads to a fit that compares nothing (on JAX, a cell run again on agreed setups).
+    """
+
+    async_safe = False
+
+    def __init__(self, state: Callable[[Any], StepState],
+                 first_batches: Callable[[int], list | None] | None,
+                 reference: Callable[[Any, StepState, list], tuple[dict, StepState]],
+                 tolerance: float, likely: Callable[..., str],
+                 random_draws: str | None = None, where: str = "",
+                 agreed: frozenset = frozenset(),
+                 inference: Callable[[Any, Any, Any], tuple[dict, dict] | None] | None = None,
+                 step_logs: Callable[[Any, dict], dict] = lambda model, logs: dict(logs or {}),
+                 setup_before: str | None = None):
+        super().__init__()
+        self._inference, self._step_logs = inference, step_logs
+        self._state, self._first_batches, self._reference = state, first_batches, reference
+        self._tolerance, self._likely, self._random_draws = tolerance, likely, random_draws
+        self._where, self._agreed = where, agreed
+        self._before: StepState | None = None
+        self._done = False
+        self.outcome: Parity | Skipped | None = None
+        if random_draws and inference is None:
+            self._skip(random_draws)
+        elif first_batches is None:
+            self._skip("its input's first batch cannot be read again without changing what "
+                       "Keras reads")
+        elif setup_before is not None and setup_before in agreed:
+            self._skip(AGREED, setup_before)
+        if self._done:
+            self.async_safe = True  # nothing to do: Keras may run the hooks where it likes
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self._done or self._before is not None:
+            return
+        if self._random_draws:  # compared after the step, in inference mode
+            self._before = _INFERENCE
+            return
+        start = time.perf_counter()
+        self._before = self._state(self.model)
+        self._copy_seconds = time.perf_counter() - start
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._done or self._before is None:
+            return
+        self._done = True
+        if self._before is _INFERENCE:
+            self._compare_inference()
+            return
+        start = time.perf_counter()
+        steps = batch + 1
+        batches = self._first_batches(steps)
+        if not batches or len(batches) < steps:
+            self._skip("its first batches were not kept")
+            return
+        setup = comparison_setup(self.model, [batch_shapes(b) for b in batches], self._where,
+                                 inference=False)
+        if setup in self._agreed:
+            self._skip(AGREED, setup)
+            return
+        fed = [real_rows(b) for b in batches]
+        if any(padded for _, padded in fed) and self._random_draws is None and \
+                _draws_random_numbers(self.model):
+            self._skip("its first batch is padded and it draws random numbers (Dropout), "
+                       "which a batch of another size draws differently")
+            return
+        after = self._state(self.model)
+        if [len(g) for g in after.groups[:3]] != [len(g) for g in self._before.groups[:3]]:
+            self._skip("it was built inside its first step, so there was no state before it "
+                       "to start one device from")
+            return
+        try:
+            their_logs, theirs = self._reference(self.model, self._before, [b for b, _ in fed])
+        except Exception as exc:  # noqa: BLE001 - the check must never break the cell
+            text = str(exc).strip().splitlines()
+            self._skip(f"the one-device step could not run ({type(exc).__name__}: "
+                       f"{text[0] if text else ''})")
+            return
+        seconds = self._copy_seconds + time.perf_counter() - start
+        self.outcome = compare(self._before, after, theirs,
+                               _pythonic(self._step_logs(self.model, logs)),
+                               _pythonic(their_logs), steps, self._tolerance, seconds,
+                               self._likely, setup, any(padded for _, padded in fed))
+        self._before = None
+
+    def _compare_inference(self) -> None:
+        """The first batch's logs in inference mode, from the weights after the step, on the
+        replicas and on one device: a loss over the batch or padding shows here too."""
+        start = time.perf_counter()
+        self._before = None
+        batches = self._first_batches(1)
+        if not batches:
+            self._skip("its first batch was not kept")
+            return
+        setup = comparison_setup(self.model, [batch_shapes(batches[0])], self._where,
+                                 inference=True)
+        if setup in self._agreed:
+            self._skip(AGREED, setup)
+            return
+        real, padded = real_rows(batches[0])
+        try:
+            compared = self._inference(self.model, batches[0], real)
+        except Exception as exc:  # noqa: BLE001 - the check must never break the cell
+            text = str(exc).strip().splitlines()
+            self._skip(f"{self._random_draws}, and its first batch could not be compared in "
+                       f"inference mode ({type(exc).__name__}: {text[0] if text else ''})")
+            return
+        if compared is None:
+            self._skip(self._random_draws)
+            return
+        ours, theirs = compared
+        self.outcome = compare_inference(_pythonic(ours), _pythonic(theirs), self._tolerance,
+                                         time.perf_counter() - start,
+                                         lambda *a, **k: self._likely(*a, inference=True, **k),
+                                         setup,
+                                         padded)
+
+    def _skip(self, why: str, setup: str = "") -> None:
+        self._done, self._before = True, None
+        self.outcome = Skipped(why, setup=setup)
+
+
+_INFERENCE = object()  # `_before` where the first batch is compared in inference mode
+
+
+def _pythonic(logs: Any) -> dict:
+    return {key: value for key, value in dict(logs or {}).items()
+            if np.ndim(np.asarray(value)) == 0}
+
+
+def _draws_random_numbers(model: Any) -> bool:
+    return any(getattr(layer, "_seed_generators", None) for layer in model._flatten_layers())

@@ -1,0 +1,61 @@
+"""Which fit is checked, and the check built for it: the `FirstStep` callback, given the
+backend's one-device steps and what the model is made of (for the likely cause)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from tpu_magic.core.session import Connection
+from tpu_magic.training.inputs import exactness
+from tpu_magic.training.parity.callback import FirstStep
+from tpu_magic.training.parity.compare import (LOW_PRECISION_TOLERANCE, TOLERANCE,
+                                               likely_cause, per_replica_norms, random_layers,
+                                               setup_before)
+
+ON_HOSTS = "the first step is not compared with one device on several hosts"
+
+
+def checks(connection: Connection, mesh: Any) -> bool:
+    """Whether a fit on this placement is checked at all: several replicas or a mesh (one
+    device has nothing to compare with)."""
+    return connection.replicas > 1 or mesh is not None
+
+
+def first_step_check(connection: Connection, mesh: Any, plan: Any, built: Any,
+                     agreed: frozenset, one_device_copy: Callable[[Any], Callable[[], Any]]
+                     ) -> tuple[FirstStep | None, str | None]:
+    """The check of a cell's first fit (`plan`: its `fit.plan.FitPlan`, steps chosen;
+    `built`: its inputs, `inputs.build.Built`): its first execution, `plan.steps.k` steps.
+
+    Returns:
+        (the callback, or None where it cannot run; a note saying why not, or None).
+    """
+    backend, model = connection.backend, plan.model
+    if connection.target.startswith("hosts:"):
+        return None, ON_HOSTS
+    whole_batch = backend.step_sees_global_batch
+    random = [] if whole_batch else random_layers(model)
+    draws = (f"it draws random numbers while training ({', '.join(random)}), and each "
+             f"{backend.label} replica draws its own" if random else None)
+    low = str(getattr(model, "compute_dtype", "float32")) in ("bfloat16", "float16")
+    likely = likely_cause(connection.replicas,
+                          [] if whole_batch else per_replica_norms(model),
+                          exactness.scalar_losses(model), not exactness.keras_steps(model))
+
+    def reference(m: Any, before: Any, batches: list) -> Any:
+        with exactness.suspended(m):
+            return backend.one_device_steps(m, before, batches, one_device_copy(m))
+
+    def inference(m: Any, fed: Any, real: Any) -> Any:
+        ours = backend.distributed_inference(m, fed)
+        if ours is None:
+            return None
+        with exactness.suspended(m):
+            return ours, backend.one_device_inference(m, real, one_device_copy(m))
+
+    where = f"{connection.strategy_name} {connection.replicas} {mesh} {connection.target}"
+    before = (setup_before(model, built.shapes, where, draws, plan.steps.k)
+              if built.shapes is not None and agreed else None)
+    return FirstStep(backend.step_state, built.first, reference,
+                     LOW_PRECISION_TOLERANCE if low else TOLERANCE, likely, draws, where,
+                     agreed, inference, backend.step_logs, setup_before=before), None
