@@ -246,6 +246,19 @@ def test_shard_flags_on_tensorflow_are_refused_before_the_cell_runs(sim8, line, 
     assert "ran" not in sim8.user_ns
 
 
+def test_shard_auto_on_tensorflow_says_it_trains_data_parallel(digits):
+    """`--shard auto` is not refused on TensorFlow (data parallel is a fine answer), but
+    the report says that is what it chose and why, rather than ignoring the flag."""
+    from support.cells import DENSE
+
+    report = train(digits, DENSE + "model.fit(x[:256], y[:256], batch_size=64, verbose=0)",
+                   "--no-progress --shard auto")
+    assert report.memory_plan == ("--shard auto: data parallel (MirroredStrategy); Keras on "
+                                  "this backend plans no memory and lays out no model "
+                                  "columns: that needs Keras on JAX")
+    assert report.memory_plan in str(report)
+
+
 def test_a_magic_line_with_a_trailing_comment_works_as_in_python(sim8):
     result = sim8.run_line_magic("tpu_connect", "--simulate 8 --no-panel   # rehearse a v2-8")
     assert result.replicas == 8

@@ -75,8 +75,6 @@ class WarmUpCosine(keras.optimizers.schedules.LearningRateSchedule):
 """
 
 
-@pytest.mark.xfail(strict=True, reason="issue 50: the first-step check crashes a cell "
-                                       "(optimizer.get_config() of a schedule without one)")
 def test_a_learning_rate_schedule_without_a_config_trains_as_plain_keras(sim8):
     plain, ours, _ = both(sim8, ROWS + WARMUP_COSINE, DENSE.replace(
         "keras.optimizers.Adam(0.01)",
@@ -190,8 +188,6 @@ lora_model.fit(tokens, targets, batch_size=16, epochs=1, verbose=0)
 """
 
 
-@pytest.mark.xfail(strict=True, reason="issue 50: %tpu_sync cannot copy a model whose layers "
-                                       "were swapped by attribute")
 def test_sync_copies_lora_layers_set_by_attribute(sim8):
     run_cell(sim8, imports() + SWAPPED)
     train(sim8, SWAPPED_CELL)
@@ -262,8 +258,6 @@ history = vit.fit(images, classes, batch_size=16, epochs=1, shuffle=False, verbo
 """
 
 
-@pytest.mark.xfail(strict=True, reason="issue 50: %tpu_sync cannot copy a Functional model "
-                                       "whose own layers do not rebuild from their config")
 def test_sync_copies_a_vision_transformer_whose_layers_take_no_config(sim8):
     run_cell(sim8, imports() + VIT)
     train(sim8, VIT_CELL)
@@ -299,8 +293,6 @@ class RecommenderNet(keras.Model):
 """
 
 
-@pytest.mark.xfail(strict=True, reason="issue 50: %tpu_sync cannot copy a subclassed model "
-                                       "with non-serializable __init__ arguments")
 def test_sync_copies_a_subclassed_recommender_with_unserializable_arguments(sim8):
     run_cell(sim8, imports() + RECOMMENDER)
     train(sim8, """
@@ -316,8 +308,6 @@ history = model.fit(pairs, ratings, batch_size=32, epochs=1, shuffle=False, verb
 
 # the optimizer's learning rate, its step count and a weight, read in the next plain cell
 # (a learning rate printed after training, as many notebooks do)
-@pytest.mark.xfail(strict=True, reason="issue 50: the strategy's variables leak into plain "
-                                       "cells (float() of a MirroredVariable)")
 def test_hyperparameters_read_in_a_later_plain_cell_are_plain_keras_values(sim8):
     cell = DENSE + "model.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)\n"
     read = ("rate = float(model.optimizer.learning_rate)\n"
@@ -373,18 +363,36 @@ history = model.fit({"img_input": img_data, "ts_input": ts_data},
 """
 
 
-@pytest.mark.xfail(strict=True, reason="issue 50: TF regression, tpu_magic's own loss on dict "
-                                       "targets of a list of outputs (KeyError: 0)")
 def test_the_guides_multi_input_multi_output_model_with_dict_targets(sim8):
+    # the targets a dict for a list of outputs: tpu_magic's padding weights follow the
+    # outputs (KeyError: 0 before). The loss, the metrics and the weights are plain Keras's;
+    # the per-output loss trackers are not (docs/limits.md), so they are left out here.
     plain, ours, _ = both(sim8, MULTI_IO, MULTI_IO_CELL)
+    for kept in (plain, ours):
+        kept["history"].history = {k: v for k, v in kept["history"].history.items()
+                                   if not k.endswith("_output_loss")}
     same_history(plain, ours)
     same_weights(plain, ours)
 
 
+# keras.metrics.F1Score's docstring default (average=None): one score per class, an array in
+# plain Keras's evaluate results (the report's float() of it failed the cell before)
+def test_evaluate_with_a_per_class_metric_returns_it_as_plain_keras(sim8):
+    plain, ours, report = both(sim8, """
+rs = np.random.RandomState(20)
+x = rs.rand(203, 10).astype("float32")
+y = keras.utils.to_categorical(rs.randint(0, 3, 203), 3)
+""", """
+model = keras.Sequential([keras.Input((10,)), keras.layers.Dense(3, activation="softmax")])
+model.compile("adam", "categorical_crossentropy", metrics=[keras.metrics.F1Score()])
+evaluation = model.evaluate(x, y, return_dict=True, verbose=0)
+""")
+    assert ours["evaluation"]["f1_score"].shape == (3,)
+    same_values(plain, ours, "evaluation")
+
+
 # examples/keras_recipes/endpoint_layer_pattern.py: the example's own data, 3 samples, fit
 # with Keras's default batch: plain Keras trains on the 3 samples.
-@pytest.mark.xfail(strict=True, reason="issue 50: TF regression, 3 samples of an endpoint "
-                                       "layer's loss refused over 8 replicas")
 def test_the_endpoint_layer_example_fits_its_three_samples(sim8):
     plain, ours, _ = both(sim8, """
 class LogisticEndpoint(keras.layers.Layer):
@@ -459,8 +467,6 @@ initial = head.get_weights()[0]
 """
 
 
-@pytest.mark.xfail(strict=True, reason="tpu_magic (TF): the first-step check's one-device copy "
-                                       "draws from Keras's global random state")
 def test_a_model_built_after_the_first_step_check_starts_as_in_plain_keras(sim8):
     first = FIRST_FIT.replace("Dense(16", "Dense(19")  # a setup no earlier test compared
     plain = plainly(ROWS, first)
@@ -471,8 +477,6 @@ def test_a_model_built_after_the_first_step_check_starts_as_in_plain_keras(sim8)
     np.testing.assert_array_equal(sim8.user_ns["initial"], plain["initial"])
 
 
-@pytest.mark.xfail(strict=True, reason="tpu_magic (TF): rewrapping a model made in an earlier "
-                                       "cell draws from Keras's global random state")
 def test_a_layer_built_after_a_rewrap_starts_as_in_plain_keras(sim8):
     setup = ROWS + DENSE.replace("model =", "base =").replace("model.", "base.")
     cell = NEXT_MODEL.replace("head(inputs)", "head(base(inputs))")
@@ -517,8 +521,7 @@ STEPS = {
 }
 
 
-@pytest.mark.parametrize("step", [pytest.param(step, marks=pytest.mark.xfail(
-    strict=True, reason=f"issue 50: a failure in {step} breaks the cell")) for step in STEPS])
+@pytest.mark.parametrize("step", list(STEPS))
 def test_a_failure_in_a_step_tpu_magic_adds_leaves_the_cells_result_plain_keras(
         sim8, monkeypatch, step):
     patch, outside = STEPS[step]

@@ -4,7 +4,6 @@ its own (Keras writes keras.json there, never in the real ~/.keras). What comes 
 as the user sees it: one line naming the fix, never a traceback."""
 
 import json
-import os
 import re
 import subprocess
 import sys

@@ -41,9 +41,6 @@ BASE = """
 base_model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
                                keras.layers.Dense(16, activation="relu")], name="base")
 """
-RNG_AFTER_REWRAP = ("tpu_magic (TF): rewrapping the base model made in an earlier cell draws "
-                    "from Keras's global random state, so the head the cell builds after it "
-                    "starts from other weights than plain Keras's")
 
 
 # guides/transfer_learning.py, "The typical transfer-learning workflow": a base model frozen
@@ -52,8 +49,7 @@ RNG_AFTER_REWRAP = ("tpu_magic (TF): rewrapping the base model made in an earlie
 # and fine-tuned in the next training cell. The guide makes the base model in a cell of its
 # own; here also in the training cell.
 @pytest.mark.parametrize("base_made", [
-    pytest.param("in an earlier cell", marks=pytest.mark.xfail(strict=True,
-                                                                reason=RNG_AFTER_REWRAP)),
+    "in an earlier cell",
     "in the training cell"])
 def test_transfer_learning_freeze_train_unfreeze_recompile_fine_tune(sim8, base_made):
     earlier = base_made == "in an earlier cell"
@@ -189,10 +185,6 @@ model.compile(keras.optimizers.SGD(0.1), "sparse_categorical_crossentropy",
 # guides/functional_api.py, "All models are callable, just like layers": an ensemble of two
 # models trained in separate cells, averaged by a third model built in a plain cell, which
 # then trains end to end in the next training cell.
-@pytest.mark.xfail(strict=True, reason="tpu_magic (TF): the first-step check's one-device copy "
-                                       "draws from Keras's global random state, so model2, "
-                                       "built in the next cell, starts from other weights "
-                                       "than plain Keras's")
 def test_an_ensemble_of_models_trained_in_earlier_cells(sim8):
     def member(name):
         return f"""

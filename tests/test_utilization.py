@@ -77,7 +77,8 @@ conv.fit(slow_data, epochs=1, verbose=0)
 """)
     used = report.utilization
     assert used.input_bound and used.input_share >= 0.9
-    assert "input-bound: the data, not the device, sets the pace" in report.summary()
+    assert "the data, not the device, sets the pace" in report.summary()
+    assert "\n  input-bound: reading a batch takes" in report.summary()
 
 
 def test_the_bar_shows_tflops():

@@ -10,7 +10,6 @@ BatchNorm's statistics, a loss scaled by the replicas).
 """
 
 import re
-import numpy as np
 import pytest
 
 from support.cells import CNN, train

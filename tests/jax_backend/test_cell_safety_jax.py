@@ -68,8 +68,6 @@ class WarmUpCosine(keras.optimizers.schedules.LearningRateSchedule):
 """
 
 
-@pytest.mark.xfail(strict=True, reason="issue 50: the first-step check crashes a cell "
-                                       "(optimizer.get_config() of a schedule without one)")
 def test_a_learning_rate_schedule_without_a_config_trains_as_plain_keras(ip):
     plain, ours, _ = both(ip, ROWS + WARMUP_COSINE, DENSE.replace(
         "keras.optimizers.Adam(0.01)",
@@ -102,9 +100,6 @@ def _same_error(ip, cell: str, theirs: BaseException):
     assert (type(raised.value), str(raised.value)) == (type(theirs), str(theirs))
 
 
-@pytest.mark.xfail(strict=True, reason="issue 50: a fit that fails inside Keras leaves the "
-                                       "notebook broken (the end-of-cell pass reads the "
-                                       "values Keras took out)")
 def test_a_fit_that_fails_inside_keras_shows_its_error_and_later_cells_train(ip):
     # the most common notebook error: targets of the wrong shape, for a model that trained
     # in an earlier cell. Keras's JAX fit has taken the variables' values out for its step
@@ -186,8 +181,6 @@ class LoraLayer(keras.layers.Layer):
 """
 
 
-@pytest.mark.xfail(strict=True, reason="issue 50: %tpu_sync cannot copy a model whose layers "
-                                       "were swapped by attribute")
 def test_sync_copies_gpt2_with_lora_layers_set_by_attribute(ip):
     run_cell(ip, imports() + GPT2_LORA)
     train(ip, """
@@ -258,8 +251,6 @@ history = vit.fit(images, classes, batch_size=16, epochs=1, shuffle=False, verbo
 """
 
 
-@pytest.mark.xfail(strict=True, reason="issue 50: %tpu_sync cannot copy a Functional model "
-                                       "whose own layers do not rebuild from their config")
 def test_sync_copies_a_vision_transformer_whose_layers_take_no_config(ip):
     run_cell(ip, imports() + VIT)
     train(ip, VIT_CELL)
@@ -295,8 +286,6 @@ class RecommenderNet(keras.Model):
 """
 
 
-@pytest.mark.xfail(strict=True, reason="issue 50: %tpu_sync cannot copy a subclassed model "
-                                       "with non-serializable __init__ arguments")
 def test_sync_copies_a_subclassed_recommender_with_unserializable_arguments(ip):
     run_cell(ip, imports() + RECOMMENDER)
     train(ip, """
@@ -354,8 +343,6 @@ np.testing.assert_allclose(predicted, reloaded)
 """
 
 
-@pytest.mark.xfail(strict=True, reason="issue 50: predictions change in the last bit after a "
-                                       "reload")
 def test_a_reloaded_model_predicts_what_the_trained_one_does_to_rtol_1e_7(ip, tmp_path):
     fit = "model = get_model()\nmodel.fit(test_input, test_target, shuffle=False, verbose=0)\n"
     plain, ours, _ = both(ip, SAVED, fit)
@@ -423,8 +410,7 @@ STEPS = {
 }
 
 
-@pytest.mark.parametrize("step", [pytest.param(step, marks=pytest.mark.xfail(
-    strict=True, reason=f"issue 50: a failure in {step} breaks the cell")) for step in STEPS])
+@pytest.mark.parametrize("step", list(STEPS))
 def test_a_failure_in_a_step_tpu_magic_adds_leaves_the_cells_result_plain_keras(
         ip, monkeypatch, step):
     patch, line, outside = STEPS[step]

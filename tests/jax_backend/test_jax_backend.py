@@ -413,7 +413,8 @@ dense.compile("sgd", "sparse_categorical_crossentropy")
 dense.fit(Slow(), epochs=2, verbose=0)
 """)
     assert report.utilization.input_bound and report.utilization.input_share >= 0.9
-    assert "input-bound: the data" in report.summary()
+    assert "the data, not the device, sets the pace" in report.summary()
+    assert "\n  input-bound: reading a batch takes" in report.summary()
 
 
 # -- --shard model: a model laid out over a mesh of the 8 devices ------------------------------

@@ -637,9 +637,6 @@ history = model.fit(x[:150], y[:150], batch_size=32, epochs=3, shuffle=False, ve
 
 # keras.metrics.F1Score's docstring default (average=None): one score per class, an array in
 # plain Keras's evaluate results
-@pytest.mark.xfail(strict=True, reason="tpu_magic: evaluate with a metric whose result is an "
-                                       "array (F1Score per class) fails in the report: "
-                                       "float() of the array in TrainingCell._evaluate")
 def test_evaluate_with_a_per_class_metric_returns_it_as_plain_keras(ip):
     plain, ours, _ = both(ip, """
 rs = np.random.RandomState(20)

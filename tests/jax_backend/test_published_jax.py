@@ -22,7 +22,6 @@ earlier plain cell, trainable sets changed between fits, the user's own
 `keras.distribution`, `*_on_batch` calls with row counts 8 does not divide.
 """
 
-import numpy as np
 import pytest
 
 from support.same import (both, evaluate_equals_cpu_copy, fit_equals_evaluate_at_lr0,

@@ -291,7 +291,7 @@ def first_batch_safely(source: Any) -> Any:
             return next(iter(source), None)
     except (IndexError, TypeError, KeyError):
         return None
-    if hasattr(source, "element_spec") and not _shuffles(source):
+    if hasattr(source, "element_spec") and hasattr(source, "take") and not _shuffles(source):
         for batch in source.take(1):
             return keras.tree.map_structure(np.asarray, batch)
     return None

@@ -48,6 +48,9 @@ class Backend(Protocol):
     # K steps an execution run as one program on the devices, set for each call
     # (`grouped_steps`); else Keras's own `steps_per_execution`, set on the model
     groups_steps: bool
+    # a step's FLOPs are counted from a batch the model is fed (`training_flops`'s `batch`:
+    # XLA's count of the lowered step); else from the layers alone, and no batch is read
+    flops_from_batch: bool
 
     def connect(self, chosen: "Target", simulate: int | None, *, explicit_gpu: bool,
                 compile_cache: str | None, env: Mapping[str, str],

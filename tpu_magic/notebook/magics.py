@@ -227,8 +227,9 @@ class TpuMagics(Magics, Configurable):
     @argument("--steps-per-execution", metavar="K|auto",
               help="run K steps per execution, one dispatch to the device (on JAX a "
                    "compiled loop over K batches); callbacks' batch hooks and the bar once an "
-                   "execution. auto (default): the model's own, else on JAX chosen from a "
-                   "measured step, so the host takes under 5 percent of the time")
+                   "execution. auto (default): the model's own, else chosen from a measured "
+                   "step, so the host takes under 5 percent of the time (on TensorFlow not "
+                   "under several mirrored replicas)")
     @argument("--checkpoint", metavar="DIR",
               help="after every epoch, write weights, optimizer state and epoch to DIR")
     @argument("--keep", type=int, metavar="K",

@@ -8,12 +8,13 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import keras
+import numpy as np
 
 from tpu_magic.core import arrays
 from tpu_magic.core.batching import BatchPlan
 from tpu_magic.training import routing
 from tpu_magic.training.fit.run import steps_for
-from tpu_magic.training.inputs import exactness
+from tpu_magic.training.inputs import exactness, planning
 from tpu_magic.training.inputs.build import Inputs
 
 
@@ -37,15 +38,29 @@ class Calls:
         one_device_copy: model -> a maker of its compiled copy on one device (plain
             Keras's code: where `evaluate`'s left-out samples are evaluated).
         requested: `--steps-per-execution` (None: auto: `fit.run.steps_for`).
+        batch: `--batch-size`'s plan (None: each call's own batch).
+        prepare: puts the cell's settings on a model before its call (`models.setup`).
     """
 
     inputs: Inputs
     quiet: bool
     one_device_copy: Callable[[Any], Callable[[], Any]]
     requested: int | None = None  # --steps-per-execution (None: auto)
+    batch: BatchPlan | None = None  # --batch-size's plan
+    prepare: Callable[[Any], None] = lambda model: None  # the model's settings (`models.setup`)
 
-    def evaluate(self, model: Any, call: Mapping[str, Any], plan: BatchPlan) -> Evaluated:
-        built = self.inputs.for_evaluate(model, call, plan)
+    def plan(self, method: str, model: Any, call: Mapping[str, Any], named: set) -> BatchPlan:
+        """The call's batch, checked (`planning.plan_call`), its advice said; then the
+        model's settings put on it."""
+        plan = planning.plan_call(method, model, call, named, self.inputs.connection,
+                                  self.batch, label=self.inputs.name(model))
+        for warning in plan.warnings:
+            self.inputs.note(warning, "warning: ")
+        self.prepare(model)
+        return plan
+
+    def evaluate(self, model: Any, call: Mapping[str, Any], named: set) -> Evaluated:
+        built = self.inputs.for_evaluate(model, call, self.plan("evaluate", model, call, named))
         call = dict(built.call, return_dict=True)
         if self.quiet:
             call["verbose"] = 0
@@ -57,7 +72,8 @@ class Calls:
             if counted is not None:
                 result = counted
                 left_out.pop("evaluate", None)
-        numbers = {k: float(v) for k, v in result.items()}
+        numbers = {k: float(np.asarray(v)) for k, v in result.items()
+                   if np.size(v) == 1}  # the report's; a metric per class stays in `wanted`
         # Keras's own ordering of a non-dict result (a scalar for a single value)
         wanted = result if built.call.get("return_dict", False) else \
             model._flatten_metrics_in_order(result)
@@ -84,8 +100,8 @@ class Calls:
                              f"({type(exc).__name__}: {exc})")
             return None
 
-    def predict(self, model: Any, call: Mapping[str, Any], plan: BatchPlan) -> Any:
-        built = self.inputs.for_predict(model, call, plan)
+    def predict(self, model: Any, call: Mapping[str, Any], named: set) -> Any:
+        built = self.inputs.for_predict(model, call, self.plan("predict", model, call, named))
         call = dict(built.call, verbose=0) if self.quiet else dict(built.call)
         with self._grouped(model, built, "predict", call.get("callbacks")):
             out = routing.keras_method("predict")(model, **call)

@@ -19,6 +19,7 @@ from typing import Any, Callable, ContextManager, Mapping, MutableMapping
 
 import keras
 
+from tpu_magic.core.errors import TpuMagicError
 from tpu_magic.core.session import Connection
 from tpu_magic.core.variables import name_of
 from tpu_magic.training import routing
@@ -35,7 +36,7 @@ from tpu_magic.training.inputs import planning
 from tpu_magic.training.inputs.build import Built, Inputs
 from tpu_magic.training.models import precision
 from tpu_magic.training.models.rewrap import (built_for, built_outside, custom_objects_from,
-                                              place_model, rewrap_namespace)
+                                              place_model, rewrap_for_cell)
 from tpu_magic.training.models.setup import prepare, settle_traced_state
 from tpu_magic.training.parity.check import checks, first_step_check
 from tpu_magic.training.placement import place as placement
@@ -120,11 +121,11 @@ class TrainingCell:
         self.placement = placement.place(connection, request, self.layout_owners)
         self.record = CellRecord(strategy=self.connection.strategy_name,
                                  replicas=self.connection.replicas)
-        self.report: TrainReport = self.record.report()  # built again when the cell ends
+        self.report: TrainReport = _report_of(self.record)  # built again when the cell ends
         self.last_model, self.last_fit = None, None  # the model trained last, its `FitCall`
         self.stop_event: threading.Event | None = None  # set: stop at the next batch
         self.checkpoints: cell_checkpoints.CellCheckpoints | None = None  # --checkpoint
-        self.flops = utilization.FlopCounts(connection.backend, flops_counted)
+        self.flops = utilization.FlopCounts(connection.backend, flops_counted, self._note)
         self.verified = False  # the cell's first fit ran the parity check (or skipped it)
         self.watch = watch or (lambda name: contextlib.nullcontext())
 
@@ -145,7 +146,7 @@ class TrainingCell:
         finally:
             self.record.seconds = time.perf_counter() - start
             self.record.model_name = name_of(self.namespace, self.last_model)
-            self.report = self.record.report()
+            self.report = _report_of(self.record)
         return self.report
 
     def _run(self, execute: Callable[[], Any], cell: str) -> None:
@@ -159,9 +160,12 @@ class TrainingCell:
             with precision.in_force(self.request.precision):
                 return execute()
         self._follow_users_distribution()
-        for done in rewrap_namespace(self.namespace, names_in(cell), self.connection):
+        rewrapped, skipped = rewrap_for_cell(self.namespace, names_in(cell), self.connection)
+        for done in rewrapped:
             self.record.rewrapped.extend(done.names)
             self.say(done.summary(self.connection.strategy_name, self.connection.replicas))
+        if skipped:
+            self._note(skipped)
         kept, entered = None, self.connection
         try:
             with entered.strategy.scope(), routing.cell(self), \
@@ -179,14 +183,17 @@ class TrainingCell:
                                                  self.placement.mesh)
                 self.record.sharding = tuple(lines)
                 for note in notes:
-                    self._warn(note)
+                    self._note(note, "warning: ")
 
     def _adopt_namespace(self) -> None:
         """Models the cell left in the namespace that belong to the strategy keep routing."""
         for name, value in list(self.namespace.items()):
-            if isinstance(value, keras.Model) and not name.startswith("_") and \
-                    built_for(value, self.connection):
-                self._adopt(value)
+            try:
+                if isinstance(value, keras.Model) and not name.startswith("_") and \
+                        built_for(value, self.connection):
+                    self._adopt(value)
+            except Exception as exc:  # noqa: BLE001 - the pass adds a note, never an error
+                self._note(_skipped(f"keeping {name!r} routed after the cell", exc))
 
     def _adopt(self, model: Any) -> None:
         """Outside cells the model keeps routing: Keras's own output, no flags."""
@@ -205,9 +212,16 @@ class TrainingCell:
         """`model.<name>(...)` through tpu_magic (see `routing`)."""
         with self.watch(name):
             self._follow_users_distribution()
-            if built_outside(model, self.connection):
-                self._note(place_model(model, self.connection, self.namespace,
-                                       self._label(model)))
+            try:
+                if built_outside(model, self.connection):
+                    self._note(place_model(model, self.connection, self.namespace,
+                                           self._label(model)))
+            except TpuMagicError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - tpu_magic's own step: a note, never an error
+                self._note(_skipped(f"placing {self._label(model)!r} on the devices", exc)
+                           + "; this call runs as plain Keras on one device")
+                return _plainly(name, model, call)
             self._adopt(model)
             call = planning.as_arrays(call)
             with self.connection.strategy.scope(), routing.inside_keras(), \
@@ -237,9 +251,6 @@ class TrainingCell:
             self.record.notes.append(text)
             self.say(prefix + text)
 
-    def _warn(self, text: str) -> None:
-        self._note(text, "warning: ")
-
     def _prepare(self, model: Any) -> None:
         for note in prepare(model, self.connection, self.request.steps_per_execution,
                             self.request.precision, self._label(model)):
@@ -249,7 +260,8 @@ class TrainingCell:
         return name_of(self.namespace, model) or model.name
 
     def _inputs(self, connection: Connection | None = None) -> Inputs:
-        return Inputs(connection or self.connection, self._note, self._label)
+        return Inputs(connection or self.connection, self._note, self._label,
+                      lambda model: name_of(self.namespace, model))
 
     def _calls(self) -> Calls:
         def copy(m: Any) -> Any:
@@ -257,18 +269,11 @@ class TrainingCell:
             return lambda: compiled_like(cpu_copy(m, objects, self.connection.backend), m)
 
         return Calls(self._inputs(), self.request.progress, copy,
-                     self.request.steps_per_execution)
-
-    def _plan(self, method: str, model: Any, call: Mapping[str, Any], named: set) -> Any:
-        plan = planning.plan_call(method, model, call, named, self.connection,
-                                  self.request.batch, label=name_of(self.namespace, model))
-        for warning in plan.warnings:
-            self._warn(warning)
-        return plan
+                     self.request.steps_per_execution, self.request.batch, self._prepare)
 
     def _fit(self, model: Any, call: dict, named: set) -> Any:
         recorded = FitCall(model, dict(call), frozenset(named))
-        resume = self.checkpoints and self.checkpoints.resumer(self._warn, self.say)
+        resume = self.checkpoints and self.checkpoints.resumer(self._note, self.say)
         plan = plan_fit(self.request, self.placement, model, call, named,
                         first_batch=lambda c, *a: self._inputs(c).first_batch(*a),
                         prepare=self._prepare, resume=resume, note=self._note,
@@ -285,7 +290,7 @@ class TrainingCell:
         if outcome.utilization is not None and outcome.utilization.input_measured:
             self.inputs_measured.update([outcome.utilization.input_measured])
         self.record.fits.append(outcome)
-        for text, prefix in notes_of(hooks, self.checkpoints):
+        for text, prefix in notes_of(hooks, self.checkpoints) + list(outcome.notes):
             self._note(text, prefix)
         if outcome.failure is not None:
             raise outcome.failure
@@ -313,17 +318,13 @@ class TrainingCell:
         return FitHooks(progress, saver, check, self.stop_event, self.request.progress)
 
     def _evaluate(self, model: Any, call: dict, named: set) -> Any:
-        plan = self._plan("evaluate", model, call, named)
-        self._prepare(model)
-        evaluated = self._calls().evaluate(model, call, plan)
+        evaluated = self._calls().evaluate(model, call, named)
         self.record.evaluated(evaluated.numbers, evaluated.left_out)
         self.last_model = self.last_model if self.last_model is not None else model
         return evaluated.result
 
     def _predict(self, model: Any, call: dict, named: set) -> Any:
-        plan = self._plan("predict", model, call, named)
-        self._prepare(model)
-        out = self._calls().predict(model, call, plan)
+        out = self._calls().predict(model, call, named)
         self.record.predictions.append(rows_of(out))
         return out
 
@@ -337,3 +338,41 @@ class TrainingCell:
 
     _train_on_batch = functools.partialmethod(_on_batch, "train_on_batch")
     _test_on_batch = functools.partialmethod(_on_batch, "test_on_batch")
+
+
+def _skipped(what: str, exc: BaseException) -> str:
+    """A note for a step of tpu_magic's that failed: what was skipped, and the error."""
+    text = str(exc).strip().splitlines()
+    return f"tpu_magic skipped {what}: {type(exc).__name__}: {text[0] if text else ''}"
+
+
+def _plainly(name: str, model: Any, call: dict) -> Any:
+    """`model.<name>(**call)` as plain Keras runs it on one device: on a thread of its own,
+    outside the cell's strategy (both frameworks keep a strategy's scope per thread) and
+    outside tpu_magic's routing. Its result, or its error, is the call's."""
+    done: dict = {}
+
+    def run() -> None:
+        try:
+            done["result"] = routing.keras_method(name)(model, **call)
+        except BaseException as exc:  # noqa: BLE001 - handed to the cell's thread as it is
+            done["error"] = exc
+
+    worker = threading.Thread(target=run, name=f"tpu_magic plain {name}")
+    worker.start()
+    worker.join()
+    if "error" in done:
+        raise done["error"]
+    return done.get("result")
+
+
+def _report_of(record: CellRecord) -> TrainReport:
+    """The cell's report; where building it fails, the report of what is certain (the
+    strategy, replicas, notes and seconds), with a note saying so."""
+    try:
+        return record.report()
+    except Exception as exc:  # noqa: BLE001 - the report adds a note, never an error
+        return TrainReport(strategy=record.strategy, replicas=record.replicas,
+                           model_name=record.model_name, fits=len(record.fits),
+                           notes=tuple(record.notes) + (_skipped("the report", exc),),
+                           seconds=record.seconds)

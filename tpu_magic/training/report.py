@@ -39,6 +39,14 @@ class FitOutcome:
     execution: Any = None  # steps an execution, and why (`fit.steps.Steps`)
     ctrl_c: bool = False  # Ctrl-C ended it (the rest of the cell does not run)
     failure: Any = None  # the error that ended it early (a failed checkpoint), to raise
+    notes: tuple = ()  # (text, prefix) for the cell to say: what was left out, and why
+
+    @classmethod
+    def bare(cls, history: Any, interrupted: bool, ctrl_c: bool, failure: Any,
+             why: str) -> "FitOutcome":
+        """A fit whose figures could not be read: its history and how it ended alone."""
+        return cls(None, None, 0, 0, None, None, None, (), {}, history, interrupted, None,
+                   ctrl_c=ctrl_c, failure=failure, notes=((why, "note: "),))
 
     @classmethod
     def of(cls, plan: Any, timing: Any, history: Any, interrupted: bool,
@@ -218,7 +226,7 @@ class CellRecord:
         last = self.fits[-1] if self.fits else None
         of_fit = {} if last is None else {
             f.name: getattr(last, f.name) for f in fields(FitOutcome)
-            if f.name not in ("checkpoints", "resumed_from", "ctrl_c", "failure")}
+            if f.name not in ("checkpoints", "resumed_from", "ctrl_c", "failure", "notes")}
         if last is not None and last.parity is None:  # the first fit's check stays reported
             of_fit["parity"] = next((f.parity for f in self.fits if f.parity is not None), None)
         return TrainReport(

@@ -30,6 +30,7 @@ class JaxBackend(Named):
     static_batch_is_global = True  # DataParallel traces the global batch
     step_sees_global_batch = True
     evaluates_rest = False  # see evaluate_rest
+    flops_from_batch = True  # XLA's cost analysis of the step lowered for the fed shapes
     groups_steps = True  # K steps a dispatch as one program on the devices (`device_loop`)
 
     def refuses(self, chosen: Target, simulate: int | None) -> str | None:
@@ -92,6 +93,8 @@ class JaxBackend(Named):
         return None  # JAX compiles every step with XLA anyway
 
     def step_times(self, model: Any, kind: str, batch: Any) -> tuple[float, float] | None:
+        if not model.jit_compile:  # Keras's eager steps: no compiled program to group
+            return None
         return device_loop.measured(model, kind, batch)
 
     def grouped_steps(self, model: Any, steps: int, sources: Mapping[str, Any] | None = None,

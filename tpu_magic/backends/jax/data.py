@@ -38,6 +38,8 @@ class PaddedBatches(keras.utils.PyDataset):
         split: the mesh's data rows and this process's share of them: a batch they divide is
             split between the processes (`RowSplit.mine`); a short one they do not is given
             whole to every process (`WholeRows`).
+        whole: every batch goes whole to every device (`WholeRows`): a small prediction,
+            computed as one device computes it, to the bit.
 
     With padding, batches carry `exactness`'s packed sample weight, as in `backends.tf.data`.
     """
@@ -45,9 +47,9 @@ class PaddedBatches(keras.utils.PyDataset):
     def __init__(self, x: Any, y: Any = None, sample_weight: Any = None, *, batch: int,
                  shuffle: bool = False, seed: int = 0, first_epoch: int = 0,
                  remainder: str = "pad", labelled: bool = True,
-                 split: RowSplit | None = None):
+                 split: RowSplit | None = None, whole: bool = False):
         super().__init__()
-        self.x, self.y, self.sample_weight = x, y, sample_weight
+        self.x, self.y, self.sample_weight, self.whole = x, y, sample_weight, whole
         self.split = split or RowSplit()
         self.batch, self.shuffle, self.seed, self.labelled = batch, shuffle, seed, labelled
         self.samples = num_samples(x)
@@ -68,7 +70,8 @@ class PaddedBatches(keras.utils.PyDataset):
 
     def __getitem__(self, i: int) -> tuple:
         index = self.order[i * self.batch:(i + 1) * self.batch]
-        whole = len(index) % self.split.rows != 0  # a short batch, given whole to every process
+        # a short batch, or every batch where asked: given whole to every process and device
+        whole = self.whole or len(index) % self.split.rows != 0
         # the share of real rows in the whole batch, on every process (padding alone reads it)
         share = float(np.mean(index >= 0)) if self.pad else 1.0
         index = index if whole else self.split.mine(index)
@@ -88,7 +91,8 @@ class PaddedBatches(keras.utils.PyDataset):
             index = self.order[first * self.batch:(first + full) * self.batch]
             index = index.reshape(full, self.batch)
             share = np.mean(index >= 0, axis=1, keepdims=True).astype("float32")
-            found.append((self._gathered(index, share), True))
+            marked = (lambda v: v.view(WholeRows)) if self.whole else None
+            found.append((self._gathered(index, share, marked), True))
         if short:
             found.append((self[stop - 1], False))
         return found
@@ -157,11 +161,17 @@ def eval_pipeline(x: Any, y: Any, sample_weight: Any, batch: int, strategy: Any 
 def predict_pipeline(x: Any, batch: int, strategy: Any = None,
                      remainder: str = "pad") -> Pipeline:
     """One ordered pass of inputs only; padding repeats sample 0 and is trimmed afterwards
-    (or the last batch is short)."""
+    (or the last batch is short). A batch of up to `WHOLE_PREDICTIONS` rows runs whole on
+    every device: split, each device's share is a matrix product of another shape, which
+    rounds differently in the last bit than one device's whole batch (a reloaded model's
+    predictions, compared in a plain cell, then differ)."""
     data = PaddedBatches(x, batch=batch, labelled=False,
                          remainder="short" if remainder == "short" else "pad",
-                         split=row_split(strategy))
+                         split=row_split(strategy), whole=batch <= WHOLE_PREDICTIONS)
     return Pipeline(data, data.steps, data.samples, data.pad)
+
+
+WHOLE_PREDICTIONS = 512  # rows of a prediction batch run whole on every device, at most
 
 
 class WholeRows(np.ndarray):

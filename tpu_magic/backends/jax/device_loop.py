@@ -365,8 +365,12 @@ def _stacked_on_device(batches: list) -> Any:
 
 def _placed_stack(stacked: Any) -> Any:
     """A group gathered on the host, (K, batch, ...) arrays, put on the devices laid out as
-    the distribution lays out one batch, along the second axis (one transfer; one process)."""
+    the distribution lays out one batch, along the second axis (one transfer; one process);
+    a group marked `WholeRows`, whole on every device."""
     import keras
+    import numpy as np
+
+    from tpu_magic.backends.jax.data import WholeRows
 
     jax = require_jax()
     distribution = keras.distribution.distribution()
@@ -377,6 +381,9 @@ def _placed_stack(stacked: Any) -> Any:
         layout = distribution.get_data_layout(tuple(array.shape[1:])).backend_layout
         if layout.num_devices == 1:  # the program's own call moves it, in C++
             return array
+        if isinstance(array, WholeRows):  # whole on every device (a small prediction's)
+            return jax.device_put(np.asarray(array), jax.sharding.NamedSharding(
+                layout.mesh, jax.sharding.PartitionSpec()))
         spec = jax.sharding.PartitionSpec(None, *layout.spec)
         sharding = jax.sharding.NamedSharding(layout.mesh, spec)
         try:

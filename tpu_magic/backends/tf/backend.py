@@ -2,7 +2,7 @@
 does it: `connect` (strategies, TPU init, `--simulate`), `devices` (the device view), `data`
 (NumPy and user inputs as tf.data), `replica_steps` (the replicas' loss semantics),
 `call_start` (a call's start without Keras's build batch), `variables` (mirrored variables
-and their strategy), `parity` (the first-step check).
+and their strategy), `executions` (steps an execution), `parity` (the first-step check).
 TensorFlow is imported by the methods, never here.
 """
 
@@ -12,7 +12,8 @@ import contextlib
 from typing import Any, Callable, Iterator, Mapping
 
 from tpu_magic.backends.protocol import Named
-from tpu_magic.backends.tf import call_start, connect, devices, parity, replica_steps, variables
+from tpu_magic.backends.tf import (call_start, connect, devices, executions, parity,
+                                   replica_steps, variables)
 from tpu_magic.core.devices import DeviceView
 from tpu_magic.core.errors import ShardError
 from tpu_magic.core.flops import counted_training_flops
@@ -29,7 +30,10 @@ class TensorFlowBackend(Named):
     static_batch_is_global = False  # Keras gives each replica the Input's fixed batch
     step_sees_global_batch = False
     evaluates_rest = True  # see evaluate_rest
-    groups_steps = False  # Keras's own steps_per_execution, set on the model (`models.setup`)
+    # Keras's own steps_per_execution: a user's K set on the model (`models.setup`), an auto
+    # K for each call (`executions.keras_steps`)
+    groups_steps = False
+    flops_from_batch = False  # counted from the layers
 
     # -- connecting ------------------------------------------------------------------------
 
@@ -76,17 +80,17 @@ class TensorFlowBackend(Named):
 
     def steps_per_execution_note(self, connection: Connection, steps: int) -> str | None:
         if steps > 1 and replica_steps.mirrored_replicas(connection):
-            return (f"steps_per_execution {steps} fails in Keras 3 under MirroredStrategy with "
-                    f"{connection.replicas} replicas (keras-team/keras#19246): running 1 step "
-                    "per execution here; on a TPU it applies.")
+            return (f"more than one step an execution fails in Keras 3 under MirroredStrategy "
+                    f"with {connection.replicas} replicas (keras-team/keras#19246): one step "
+                    "an execution here; on a TPU or one device more apply")
         return None
 
-    def step_times(self, model: Any, kind: str, batch: Any) -> None:
-        return None  # not measured: Keras's own steps_per_execution is the user's to set
+    def step_times(self, model: Any, kind: str, batch: Any) -> tuple[float, float] | None:
+        return executions.measured(model, kind, batch)
 
     def grouped_steps(self, model: Any, steps: int, sources: Mapping[str, Any] | None = None,
                       lengths: Mapping[str, int] | None = None) -> Any:
-        return contextlib.nullcontext()  # the model's steps_per_execution runs as it is
+        return executions.keras_steps(model, steps)  # Keras's own loop, at `steps`
 
     def jit_compile_note(self, connection: Connection, model: Any) -> str | None:
         if getattr(model, "jit_compile", False) is True and \

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping
 
 from tpu_magic.backends.protocol import Backend
+from tpu_magic.backends.tf.variables import scalars_readable
 from tpu_magic.core import process
 from tpu_magic.core.deps import require_tensorflow
 from tpu_magic.core.errors import ConnectError
@@ -84,7 +85,10 @@ def configure_logical_cpus(n: int) -> None:
 
 
 def mirrored_strategy(tf: Any, devices: tuple[str, ...]) -> Any:
-    """The process's MirroredStrategy over `devices` (made once: see `process`)."""
+    """The process's MirroredStrategy over `devices` (made once: see `process`); its
+    variables read as numbers in a plain cell, as a plain variable does
+    (`variables.scalars_readable`)."""
+    scalars_readable()
     return process.strategy_for(devices, lambda: tf.distribute.MirroredStrategy(list(devices)))
 
 

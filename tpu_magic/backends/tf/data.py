@@ -86,7 +86,7 @@ def _traced_as_is(function: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _distributed(indices: tf.data.Dataset, load: Callable[..., Any], batch: int,
-                 strategy: Any) -> tuple[Any, Any]:
+                 strategy: Any, whole: bool = False) -> tuple[Any, Any]:
     """Under a MirroredStrategy with several replicas: one pipeline on the host whose every
     element is a global batch already cut into the replicas' rows (`ReplicaParts`);
     otherwise the plain dataset (Keras distributes it). Returns the dataset and
@@ -95,12 +95,15 @@ def _distributed(indices: tf.data.Dataset, load: Callable[..., Any], batch: int,
 
     `load(index, keep)` maps a global batch of indices to data, gathering only the rows
     `keep` cuts from it: each replica's part is gathered on its own, since a cut of a
-    gathered whole batch would share, and so keep alive, the whole batch's buffer.
+    gathered whole batch would share, and so keep alive, the whole batch's buffer. `whole`:
+    every replica takes the whole batch (fewer samples than replicas, for a loss that
+    cannot skip padding).
     """
     if not _splits_per_replica(strategy):
         dataset = _loaded(indices, lambda index: load(index, _whole))
         return dataset, _shapes(dataset.element_spec, batch)
-    cuts = _replica_cuts(batch, strategy)
+    cuts = _replica_cuts(batch, strategy) if not whole else \
+        [_whole] * strategy.num_replicas_in_sync  # each replica: the whole batch
     dataset = _loaded(indices, lambda index: tuple(load(index, cut) for cut in cuts))
     # a replica's rows of every array of the global batch: the same but the first dimension
     return ReplicaParts(dataset), _shapes(dataset.element_spec[0], batch)
@@ -245,11 +248,24 @@ def train_pipeline(x: Any, y: Any, sample_weight: Any, batch: int, shuffle: bool
     load = _labelled_loader(x, y, sample_weight, pad)
     # Each epoch's order follows from (seed, epoch) alone, except a reshuffle of one pass
     # per epoch, whose next order cannot be read again.
-    first = None if shuffle and not repeat else (lambda k: _first(indices, load, k))
-    dataset, one = _distributed(indices, load, batch, strategy)
+    first = None if shuffle and not repeat else _FirstBatches(indices, load)
+    dataset, one = _distributed(indices, load, batch, strategy, whole=remainder == "whole")
     return Pipeline(dataset, steps, samples, pad,
                     left_out=samples - steps * batch if _drops(remainder) else 0, first=first,
                     shapes=None if one is None else lambda k: [one] * min(k, steps))
+
+
+class _FirstBatches:
+    """A pipeline's first `k` batches (`_first`), read once: a later ask for as many or fewer
+    (the first step's check after the fit's plan) reads nothing again."""
+
+    def __init__(self, indices: tf.data.Dataset, load: Callable[[tf.Tensor], Any]) -> None:
+        self.indices, self.load, self.read = indices, load, []
+
+    def __call__(self, k: int) -> list:
+        if len(self.read) < k:
+            self.read = _first(self.indices, self.load, k)
+        return self.read[:k]
 
 
 def _first(indices: tf.data.Dataset, load: Callable[[tf.Tensor], Any], k: int) -> list:
@@ -265,14 +281,16 @@ def eval_pipeline(x: Any, y: Any, sample_weight: Any, batch: int, strategy: Any 
     indices, steps, pad = _index_batches(samples, batch, shuffle=False, repeat=False,
                                          drop=_drops(remainder))
     load = _labelled_loader(x, y, sample_weight, pad)
-    return Pipeline(_distributed(indices, load, batch, strategy)[0], steps, samples, pad,
+    return Pipeline(_distributed(indices, load, batch, strategy,
+                                 whole=remainder == "whole")[0], steps, samples, pad,
                     left_out=samples - steps * batch if _drops(remainder) else 0)
 
 
 def _drops(remainder: str) -> bool:
-    """TensorFlow's replicas take equal shares: a remainder is padded or left out."""
-    if remainder not in ("pad", "drop"):
-        raise ValueError(f"remainder {remainder!r}: TensorFlow pads or drops")
+    """TensorFlow's replicas take equal shares: a remainder is padded or left out (or, with
+    "whole", one batch of every sample goes to each replica)."""
+    if remainder not in ("pad", "drop", "whole"):
+        raise ValueError(f"remainder {remainder!r}: TensorFlow pads, drops or gives whole")
     return remainder == "drop"
 
 

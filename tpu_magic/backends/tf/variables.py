@@ -68,3 +68,19 @@ def on_the_cpu() -> Iterator[None]:
                            "its own cell, not inside %%tpu_train")
     with tf.device("/cpu:0"):
         yield
+
+
+def scalars_readable() -> None:
+    """A mirrored variable reads as a number outside its strategy, as a plain variable does:
+    `float(model.optimizer.learning_rate)` or `int(model.optimizer.iterations)` in a plain
+    cell after training (Keras's variable hands `float()` to TensorFlow's, and TensorFlow's
+    `DistributedVariable` has none). Its value is the one every replica holds
+    (`read_value`). Set on TensorFlow's class once a process, before the first
+    MirroredStrategy; a TensorFlow that defines them itself keeps its own."""
+    from tensorflow.python.distribute import values
+
+    kind = values.DistributedVariable
+    if "__float__" not in kind.__dict__:
+        kind.__float__ = lambda self: float(self.read_value())
+    if "__int__" not in kind.__dict__:
+        kind.__int__ = lambda self: int(self.read_value())

@@ -178,11 +178,12 @@ class CellCheckpoints:
         say(point.message)
         return point.checkpoint
 
-    def resumer(self, warn: Callable[[str], None], say: Callable[[str], None]
+    def resumer(self, note: Callable[[str, str], None], say: Callable[[str], None]
                 ) -> Callable[[Any, int, Any], Checkpoint | None]:
-        """`resume` for a fit's plan: (model, epochs, connection) -> the checkpoint."""
-        return lambda model, epochs, connection: self.resume(epochs, warn, say, model,
-                                                             connection)
+        """`resume` for a fit's plan: (model, epochs, connection) -> the checkpoint; `note`
+        (text, prefix) says the damaged checkpoints skipped, as warnings."""
+        return lambda model, epochs, connection: self.resume(
+            epochs, lambda text: note(text, "warning: "), say, model, connection)
 
     def callback(self, seed: int, connection: Any, resume_from: Checkpoint | None) -> Checkpointing:
         return Checkpointing(self.store, seed, connection, resume_from)

@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping
 
 from tpu_magic.core import arrays
 from tpu_magic.core.batching import BatchPlan, plan_batches
+from tpu_magic.core.errors import MemoryPlanError
 from tpu_magic.training.inputs import planning
 from tpu_magic.training.placement.place import Owners, Placement, settle
 from tpu_magic.training.request import TrainRequest
@@ -36,8 +37,9 @@ class FitPlan:
         resume_from: the checkpoint it continues from (None: the start).
         steps: the steps an execution (`fit.steps.Steps`), chosen once the inputs are built
             (`fit.run.ready`; None before).
-        first: the fit's first batch as fed, where it can be read without changing what
-            Keras reads (`fit.run.first_batch`; None: not known).
+        first: the fit's first batch as fed, read when first asked (`first()`; None where it
+            cannot be read without changing what Keras reads: `fit.run.first_batch`), so a
+            fit that needs no batch reads none.
     """
 
     model: Any
@@ -48,7 +50,7 @@ class FitPlan:
     seed: int
     resume_from: Any = None
     steps: Any = None
-    first: Any = None
+    first: Callable[[], Any] = lambda: None
 
     @property
     def connection(self) -> Any:
@@ -98,8 +100,9 @@ def plan_fit(request: TrainRequest, placement: Placement, model: Any,
         call["epochs"] = request.epochs
     batch = _batch(request, placement, model, call, named, label, note)
     prepare(model)
-    settled = settle(placement, request, model,
-                     lambda: first_batch(placement.connection, model, call, batch), owners)
+    settled = _settled(placement, request, model,
+                       lambda: first_batch(placement.connection, model, call, batch), owners,
+                       note)
     if settled.connection is not placement.connection:  # --shard auto laid out a mesh
         batch = _batch(request, settled, model, call, named, label, note)
     resume_from = None if resume is None else resume(model, call["epochs"], settled.connection)
@@ -108,6 +111,21 @@ def plan_fit(request: TrainRequest, placement: Placement, model: Any,
         call["initial_epoch"] = resume_from.epoch
     return FitPlan(model, MappingProxyType(call), frozenset(named), batch, settled, seed,
                    resume_from)
+
+
+def _settled(placement: Placement, request: TrainRequest, model: Any,
+             first_batch: Callable[[], Any], owners: Owners | None,
+             note: Callable[..., None]) -> Placement:
+    """`placement.settle`; where the plan itself fails (not a refusal: the step will not
+    fit), the placement as it is, and a note: the memory plan adds a note, never an error."""
+    try:
+        return settle(placement, request, model, first_batch, owners)
+    except MemoryPlanError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        note(f"the memory plan was skipped ({type(exc).__name__}: {exc})"
+             + ("; --shard auto keeps data parallelism" if not placement.settled else ""))
+        return replace(placement, settled=True) if not placement.settled else placement
 
 
 def _batch(request: TrainRequest, placement: Placement, model: Any, call: Mapping[str, Any],

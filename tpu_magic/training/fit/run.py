@@ -5,11 +5,14 @@ and its frozen `FitOutcome` (timing, parity, utilization, compiles, checkpoints)
 from __future__ import annotations
 
 import contextlib
+import functools
+import math
 import threading
 import warnings
 from dataclasses import dataclass, replace
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
+from tpu_magic.backends.keras_inputs import first_batch_safely
 from tpu_magic.core import arrays
 from tpu_magic.core.errors import CheckpointError
 from tpu_magic.core.session import Connection
@@ -57,25 +60,36 @@ def ready(plan: FitPlan, built: Built, requested: int | None) -> FitPlan:
     """The plan once its inputs are built: a dataset's batch told (`FitPlan.told`), and the
     steps an execution chosen (`steps_for`; `requested`: `--steps-per-execution`, None for
     auto)."""
-    plan = replace(plan.told(built.batch), first=first_batch(built))
+    plan = replace(plan.told(built.batch), first=functools.cache(lambda: first_batch(built)))
     return replace(plan, steps=steps_for(plan.connection, plan.model, built, requested,
                                          "train", plan.call.get("callbacks"), plan.first))
 
 
 def steps_for(connection: Any, model: Any, built: Built, requested: int | None, kind: str,
-              given_callbacks: Any = None, first: Any = None) -> steps.Steps:
+              given_callbacks: Any = None, first: Callable[[], Any] | None = None
+              ) -> steps.Steps:
     """The steps an execution of a call (`steps.chosen`), from its `kind` ("train", "test",
-    "predict") step measured on its first batch where the backend can; on a backend that
-    takes Keras's own `steps_per_execution`, the model's (`models.setup.prepare` set it)."""
+    "predict") step measured on its first batch where the backend can. On a backend that
+    runs Keras's own `steps_per_execution`, a user's K is the model's
+    (`models.setup.prepare` set it), and an auto K divides the steps the call names (Keras
+    runs whole executions of K on an endless input)."""
     backend = connection.backend
+    cannot = backend.steps_per_execution_note(connection, 2)
+    if cannot:
+        return steps.Steps(1, cannot)
+    divides = None
     if not backend.groups_steps:
-        k = model.steps_per_execution
-        return steps.Steps(k, "--steps-per-execution" if requested else
-                           "the model's own steps_per_execution")
+        if requested is not None or model.steps_per_execution > 1:
+            return steps.Steps(model.steps_per_execution, "--steps-per-execution" if requested
+                               else "the model's own steps_per_execution")
+        divides = _whole_executions(built)
     hooks = batch_hooks(given_callbacks)
-    batch = (first if first is not None else first_batch(built)) if requested is None and \
-        model.steps_per_execution <= 1 and not hooks and model.jit_compile and \
-        not model.run_eagerly else None
+    wanted = requested is None and model.steps_per_execution <= 1 and not hooks and \
+        not model.run_eagerly
+    batch = None
+    if wanted:
+        batch = first() if first is not None else None
+        batch = batch if batch is not None else first_batch(built, read=True)
 
     def measure() -> steps.StepTimes | None:
         if batch is None:
@@ -88,20 +102,39 @@ def steps_for(connection: Any, model: Any, built: Built, requested: int | None, 
     known = memory is not None and memory.total_gib and memory.total_from != "host"
     return steps.chosen(requested, model.steps_per_execution, measure, built.epoch_steps,
                         _bytes(batch) // max(connection.replicas, 1),
-                        memory.total_gib * 2 ** 30 if known else None, hooks)
+                        memory.total_gib * 2 ** 30 if known else None, hooks, divides)
 
 
-def first_batch(built: Built) -> Any:
+def _whole_executions(built: Built) -> int | None:
+    """What an auto K must divide where Keras's own loop runs it: the steps a call names
+    for an input that may not end there (Keras runs ceil(n/K) whole executions of K on it,
+    reading past n): fit's `steps_per_epoch` (tpu_magic's own pipeline repeats), and the
+    validation's or evaluation's steps of an input that is not tpu_magic's own (its own
+    ends with its pass)."""
+    call = built.call
+    named = [call.get("steps_per_epoch")]
+    if "test" not in built.own:
+        named.append(call.get("validation_steps"))
+    if not {"test", "predict"} & set(built.own):
+        named.append(call.get("steps"))
+    return math.gcd(*[n for n in named if n]) or None
+
+
+def first_batch(built: Built, read: bool = False) -> Any:
     """A call's first batch as fed, where it can be read without changing what Keras reads
-    (tpu_magic's own pipeline; a user's input that can show it: `peek`), else None."""
+    (tpu_magic's own pipeline; a user's input that can show it: `peek`), else None. `read`:
+    also by reading a dataset again from its start where that changes nothing Keras reads
+    (`first_batch_safely`: it costs a batch's read)."""
     first = built.first(1) if built.first is not None else None
     if first:
         return first[0]
     own = next(iter(built.own.values()), None) if "train" not in built.own else None
-    if own is not None and len(own):
+    if hasattr(own, "__getitem__") and len(own):  # JAX's own batches, indexed
         return own[0]
     peek = getattr(built.call["x"], "peek", None)
-    return peek() if callable(peek) else None
+    if callable(peek):
+        return peek()
+    return first_batch_safely(own if own is not None else built.call["x"]) if read else None
 
 
 def _bytes(batch: Any) -> int:
@@ -161,15 +194,21 @@ def run_fit(plan: FitPlan, built: Built, hooks: FitHooks, measures: Measures) ->
         timing.steady_seconds / timing.steady_steps if timing.steady_steps else None,
         built.measurable, measures.measured_tflops, key=built.measurable_key,
         known=measures.inputs_known)
-    return FitOutcome.of(
-        plan.seen(given_batch_size(built.call["x"])).batch, timing, history,
-        ctrl_c or stopped or failure is not None,
-        parity=hooks.check.outcome if hooks.check is not None else None, utilization=used,
-        xla_compile=(connection.backend.compile_counts() - compiled_before
-                     if compiled_before is not None else None),
-        checkpoints=tuple(str(p) for p in hooks.saver.written) if hooks.saver else (),
-        resumed_from=str(plan.resume_from.path) if plan.resume_from is not None else None,
-        ctrl_c=ctrl_c, failure=failure, execution=plan.steps)
+    interrupted = ctrl_c or stopped or failure is not None
+    try:
+        return FitOutcome.of(
+            plan.seen(given_batch_size(built.call["x"])).batch, timing, history, interrupted,
+            parity=hooks.check.outcome if hooks.check is not None else None,
+            utilization=used,
+            xla_compile=(connection.backend.compile_counts() - compiled_before
+                         if compiled_before is not None else None),
+            checkpoints=tuple(str(p) for p in hooks.saver.written) if hooks.saver else (),
+            resumed_from=str(plan.resume_from.path) if plan.resume_from is not None else None,
+            ctrl_c=ctrl_c, failure=failure, execution=plan.steps)
+    except Exception as exc:  # noqa: BLE001 - the outcome's figures add notes, never an error
+        return FitOutcome.bare(history, interrupted, ctrl_c, failure,
+                               f"the fit's figures were left out of the report "
+                               f"({type(exc).__name__}: {exc})")
 
 
 def progress_for(built: Built, given: Any, flops_per_sample: float | None, bar: Any,

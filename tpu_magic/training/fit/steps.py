@@ -53,7 +53,7 @@ class Steps:
 
 def chosen(requested: int | None, own: int, measure: Callable[[], StepTimes | None],
            epoch_steps: int | None, batch_bytes: int, device_bytes: float | None,
-           batch_hooks: list[str]) -> Steps:
+           batch_hooks: list[str], divides: int | None = None) -> Steps:
     """The steps an execution for one call.
 
     Args:
@@ -65,6 +65,8 @@ def chosen(requested: int | None, own: int, measure: Callable[[], StepTimes | No
         batch_bytes: one batch's bytes on a device.
         device_bytes: a device's memory (None: not known).
         batch_hooks: the user's callbacks that read every batch (their class names).
+        divides: what K must divide (a loop that runs whole executions of K on an endless
+            input, Keras's own, would read past the steps the call names; None: nothing).
     """
     if requested is not None:
         return Steps(requested, "--steps-per-execution")
@@ -95,6 +97,9 @@ def chosen(requested: int | None, own: int, measure: Callable[[], StepTimes | No
         bounds.append((max(1, int(memory // batch_bytes)), "memory for the batches"))
     most, bound = min(bounds)
     k = _fitting(min(wanted, most), epoch_steps)
+    if divides and divides % k:
+        k = max(d for d in range(1, k + 1) if divides % d == 0)
+        most, bound = k, f"the call's {divides} steps a pass, which K divides"
     if k <= 1:
         return Steps(1, f"auto: {said}; one step a dispatch, bounded by {bound}")
     why = f"auto: {said}; {k} steps a dispatch keep the host under {HOST_SHARE:.0%}"

@@ -202,20 +202,29 @@ class FlopCounts:
     also across cells: `known` holds the counts of earlier cells by `flops_key`, and
     `found` what this one counted."""
 
-    def __init__(self, backend: Any, known: Mapping[str, tuple[float, str] | None] | None = None):
-        self.backend = backend
+    def __init__(self, backend: Any, known: Mapping[str, tuple[float, str] | None] | None = None,
+                 note: Callable[[str], None] = lambda text: None):
+        self.backend, self.note = backend, note
         self.found: dict[str, tuple[float, str] | None] = dict(known or {})
 
-    def counted(self, model: Any, batch: Any = None) -> tuple[float, str] | None:
-        """(FLOPs, where the count comes from), None where it cannot be told; `batch`: a
-        batch the model is fed (the sizes its inputs leave open: a sequence's length)."""
+    def counted(self, model: Any, first: Callable[[], Any] = lambda: None
+                ) -> tuple[float, str] | None:
+        """(FLOPs, where the count comes from), None where it cannot be told; `first()`: a
+        batch the model is fed (the sizes its inputs leave open: a sequence's length), read
+        only for a backend that counts from one."""
+        batch = first() if self.backend.flops_from_batch else None
         key = flops_key(model, batch)
         if key not in self.found:
-            self.found[key] = self.backend.training_flops(model, batch)
+            try:
+                self.found[key] = self.backend.training_flops(model, batch)
+            except Exception as exc:  # noqa: BLE001 - counting adds a note, never an error
+                self.note(f"the FLOPs of a sample could not be counted ({type(exc).__name__}: "
+                          f"{exc}), so the report has no TFLOP/s")
+                self.found[key] = None
         return self.found[key]
 
-    def per_sample(self, model: Any, batch: Any = None) -> float | None:
-        counted = self.counted(model, batch)
+    def per_sample(self, model: Any, first: Callable[[], Any] = lambda: None) -> float | None:
+        counted = self.counted(model, first)
         return None if counted is None else counted[0]
 
 

@@ -21,7 +21,7 @@ import numpy as np
 from tpu_magic.backends.keras_inputs import drawn_alike, first_batch_safely, whole
 from tpu_magic.core import arrays
 from tpu_magic.core.batching import BatchPlan
-from tpu_magic.core.errors import InputError
+from tpu_magic.core.errors import BatchSizeError, InputError
 from tpu_magic.core.packed import MASK, REAL, WEIGHT
 from tpu_magic.training.inputs import exactness, planning
 
@@ -83,26 +83,41 @@ class Inputs:
 
     Args:
         connection: the connection (its strategy, replicas and backend).
-        note: says a note once (the cell's).
-        label: the user's name for a model, for notes.
+        note: says a note once (the cell's; a prefix may follow the text).
+        label: a model's name for notes (the user's, else Keras's).
+        name: the user's name for a model, where it has one.
     """
 
     connection: Any
-    note: Callable[[str], None]
+    note: Callable[..., None]
     label: Callable[[Any], str]
+    name: Callable[[Any], str | None] = lambda model: None  # the user's name (None: none)
 
     @property
     def data(self) -> Any:
         return self.connection.backend.inputs()
 
-    def remainder(self, model: Any, has_targets: bool) -> str:
-        """What becomes of the samples that do not fill the last batch
-        (`planning.remainder_for`); where they are left out, says so and why."""
+    def cut(self, plan: BatchPlan, model: Any, samples: int, has_targets: bool
+            ) -> tuple[int, str]:
+        """The batch the data is cut into, and what becomes of the samples that do not fill
+        the last one (`planning.remainder_for`); where they are left out, says so and why.
+        Fewer samples than one batch over the replicas, for a loss that cannot skip
+        padding: every replica takes them all ("whole": one device's step on each)."""
         remainder = planning.remainder_for(model, self.connection, has_targets)
+        try:
+            batch = self.batch(plan, model, samples, remainder)
+        except BatchSizeError:
+            if remainder != "drop" or not samples:
+                raise
+            self.note(f"{samples} sample{'s' * (samples != 1)} cannot be split over "
+                      f"{self.connection.replicas} replicas, and the loss of "
+                      f"{self.label(model)!r} cannot skip padding: every replica takes all "
+                      f"{samples} (one device's step on each, the same numbers)")
+            return samples, "whole"
         if remainder == "drop":
             self.note(f"model {self.label(model)!r}: " + exactness.why_not_exact(
                 model, has_targets, self.connection.backend.evaluates_rest))
-        return remainder
+        return batch, remainder
 
     def batch(self, plan: BatchPlan, model: Any, samples: int, remainder: str = "pad") -> int:
         return planning.padded_batch(plan, model, samples, self.connection, remainder)
@@ -168,10 +183,9 @@ class Inputs:
         if y is None and weights is not None:
             raise InputError("fit got sample_weight but no targets (y): weights apply to "
                              "a loss against targets; pass y, or leave sample_weight out")
-        remainder = self.remainder(model, y is not None)
+        batch, remainder = self.cut(plan, model, arrays.num_samples(x), y is not None)
         endless = self.connection.backend.repeats_input(
             model.steps_per_execution, call.get("steps_per_epoch") is not None)
-        batch = self.batch(plan, model, arrays.num_samples(x), remainder=remainder)
         shuffle = bool(call.get("shuffle", True))
         train = self.data.train_pipeline(
             x, y, weights, batch, shuffle=shuffle, repeat=endless, seed=seed,
@@ -199,10 +213,11 @@ class Inputs:
             vx, vy, vw = (tuple(data) + (None, None))[:3]
             if _arrays(vx, vy):
                 vplan = planning.validation_plan(call, plan, model, self.connection)
-                remainder = self.remainder(model, vy is not None)
-                evaluation = self.data.eval_pipeline(
-                    vx, vy, vw, self.batch(vplan, model, arrays.num_samples(vx), remainder),
-                    strategy=self.connection.strategy, remainder=remainder)
+                batch, remainder = self.cut(vplan, model, arrays.num_samples(vx),
+                                            vy is not None)
+                evaluation = self.data.eval_pipeline(vx, vy, vw, batch,
+                                                     strategy=self.connection.strategy,
+                                                     remainder=remainder)
                 left_out.update(_counted("validation", evaluation))
                 if not call.get("validation_steps"):
                     own["test"] = evaluation.dataset
@@ -217,10 +232,10 @@ class Inputs:
         call = dict(call)
         x, y, weights = call["x"], call["y"], call["sample_weight"]
         if _arrays(x, y):
-            remainder = self.remainder(model, y is not None)
-            evaluation = self.data.eval_pipeline(
-                x, y, weights, self.batch(plan, model, arrays.num_samples(x), remainder),
-                strategy=self.connection.strategy, remainder=remainder)
+            batch, remainder = self.cut(plan, model, arrays.num_samples(x), y is not None)
+            evaluation = self.data.eval_pipeline(x, y, weights, batch,
+                                                 strategy=self.connection.strategy,
+                                                 remainder=remainder)
             every_batch = not call.get("steps")
             call.update(x=evaluation.dataset, y=None, sample_weight=None, batch_size=None,
                         steps=call.get("steps") or evaluation.steps)

@@ -174,9 +174,9 @@ def _exact_compute_loss(model: Any, replica_sum: Callable[[Any], Any]) -> Callab
         weights = [_weight_for(mask, rows, real, users, replica_sum) for mask in masks]
         if len(weights) == 1:
             weight = _per_output(weights[0], y)
-        else:
-            weight = keras.tree.pack_sequence_as(y, [shaped(w, leaf) for w, leaf in
-                                                     zip(weights, keras.tree.flatten(y))])
+        else:  # one a output, in the outputs' structure (Keras reads it by their paths)
+            weight = keras.tree.pack_sequence_as(y_pred, [
+                shaped(w, leaf) for w, leaf in zip(weights, _targets(model, y, y_pred))])
         for prediction, mask in zip(predictions, masks):  # in the weight now (see _weight_for)
             if mask is not None:
                 set_keras_mask(prediction, None)
@@ -188,6 +188,15 @@ def _exact_compute_loss(model: Any, replica_sum: Callable[[Any], Any]) -> Callab
                     set_keras_mask(prediction, mask)
 
     return compute_loss
+
+
+def _targets(model: Any, y: Any, y_pred: Any) -> list:
+    """The targets in the order of the outputs: a dict of targets for a list of outputs is
+    read by the outputs' names, as Keras's compiled loss reads it."""
+    names = list(getattr(model, "output_names", None) or [])
+    if isinstance(y, dict) and isinstance(y_pred, (list, tuple)) and set(names) == set(y):
+        return [y[name] for name in names]
+    return keras.tree.flatten(y)
 
 
 def _weight_for(keras_mask: Any, rows: Any, real: Any, users: Any,
@@ -264,10 +273,24 @@ def _mask_metrics(compiled_metrics: Any) -> None:
         for group, weight in ((compiled_metrics._flat_metrics, mask),
                               (compiled_metrics._flat_weighted_metrics, weighted)):
             for metric, truth, prediction in zip(group, truths, predictions):
-                if metric:
-                    metric.update_state(truth, prediction, shaped(weight, truth))
+                # an output's metrics come as Keras's MetricsList: each weighed its own way
+                inner = metric.metrics if type(metric).__name__ == "MetricsList" else [metric]
+                for each in inner if metric else []:
+                    each.update_state(truth, prediction, _metric_weight(each, weight, truth))
 
     object.__setattr__(compiled_metrics, "update_state", update_state)
+
+
+# Keras's metrics that shape a per-row weight (B,) themselves (F1Score's `expand_dims`)
+_ROW_WEIGHTED = ("FBetaScore",)
+
+
+def _metric_weight(metric: Any, weight: Any, truth: Any) -> Any:
+    """A metric's per-row weight: (B,) where the metric shapes it itself, else of the
+    target's rank (`shaped`), which the confusion metrics broadcast against predictions."""
+    if any(kind.__name__ in _ROW_WEIGHTED for kind in type(metric).__mro__):
+        return weight
+    return shaped(weight, truth)
 
 
 def why_not_exact(model: Any, has_targets: bool, rest_on_one_device: bool = False) -> str | None:

@@ -18,8 +18,8 @@ from typing import Any, Iterable, Mapping, MutableMapping
 
 import keras
 
-from tpu_magic.core import variables
-from tpu_magic.core.errors import RewrapError
+from tpu_magic.core import random_state, variables
+from tpu_magic.core.errors import RewrapError, TpuMagicError
 from tpu_magic.core.variables import names_of
 
 
@@ -301,6 +301,25 @@ def rewrap_namespace(
         parts = _rebind_parts(namespace, model, new) if new is not model else ()
         done.append(Rewrapped(rebound, model, new, copied, parts))
     return done
+
+
+def rewrap_for_cell(namespace: MutableMapping[str, Any], names: Iterable[str], connection: Any
+                    ) -> tuple[list[Rewrapped], str | None]:
+    """`rewrap_namespace` for a cell about to run: what it rewrapped, and where its own work
+    failed (not a refusal the user must act on) a note saying what was skipped; the cell
+    then runs, and a call of a model still made outside runs as plain Keras.
+
+    Raises:
+        RewrapError: a model that cannot be rebuilt, named with the fix.
+    """
+    try:
+        with random_state.kept():  # the rebuilt models' draws: the notebook's stay its own
+            return rewrap_namespace(namespace, names, connection), None
+    except TpuMagicError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - tpu_magic's own step: a note, never an error
+        return [], (f"tpu_magic skipped rebuilding the models made outside "
+                    f"{connection.strategy_name} ({type(exc).__name__}: {exc})")
 
 
 def _rebound(model: Any, done: list[Rewrapped]) -> bool:

@@ -91,16 +91,27 @@ class FirstStep(keras.callbacks.Callback):
             self._before = _INFERENCE
             return
         start = time.perf_counter()
-        self._before = self._state(self.model)
+        try:
+            self._before = self._state(self.model)
+        except Exception as exc:  # noqa: BLE001 - the check must never break the cell
+            self._skip(_could_not("copy the state before the step", exc))
+            return
         self._copy_seconds = time.perf_counter() - start
 
     def on_train_batch_end(self, batch, logs=None):
         if self._done or self._before is None:
             return
         self._done = True
-        if self._before is _INFERENCE:
-            self._compare_inference()
-            return
+        try:
+            if self._before is _INFERENCE:
+                self._compare_inference()
+            else:
+                self._compare(batch, logs)
+        except Exception as exc:  # noqa: BLE001 - the check must never break the cell
+            self._skip(_could_not("compare the first step", exc))
+
+    def _compare(self, batch: int, logs: dict | None) -> None:
+        """The first execution's steps against the same steps on one device."""
         start = time.perf_counter()
         steps = batch + 1
         batches = self._first_batches(steps)
@@ -184,3 +195,9 @@ def _pythonic(logs: Any) -> dict:
 
 def _draws_random_numbers(model: Any) -> bool:
     return any(getattr(layer, "_seed_generators", None) for layer in model._flatten_layers())
+
+
+def _could_not(what: str, exc: BaseException) -> str:
+    """Why the check was skipped, where its own work failed."""
+    text = str(exc).strip().splitlines()
+    return f"it could not {what} ({type(exc).__name__}: {text[0] if text else ''})"

@@ -30,9 +30,18 @@ def first_step_check(connection: Connection, mesh: Any, plan: Any, built: Any,
     Returns:
         (the callback, or None where it cannot run; a note saying why not, or None).
     """
-    backend, model = connection.backend, plan.model
     if connection.target.startswith("hosts:"):
         return None, ON_HOSTS
+    try:
+        return _check(connection, mesh, plan, built, agreed, one_device_copy), None
+    except Exception as exc:  # noqa: BLE001 - the check must never break the cell
+        return None, f"the first step is not compared with one device: it could not be set " \
+                     f"up ({type(exc).__name__}: {exc})"
+
+
+def _check(connection: Connection, mesh: Any, plan: Any, built: Any, agreed: frozenset,
+           one_device_copy: Callable[[Any], Callable[[], Any]]) -> FirstStep:
+    backend, model = connection.backend, plan.model
     whole_batch = backend.step_sees_global_batch
     random = [] if whole_batch else random_layers(model)
     draws = (f"it draws random numbers while training ({', '.join(random)}), and each "
@@ -58,4 +67,4 @@ def first_step_check(connection: Connection, mesh: Any, plan: Any, built: Any,
               if built.shapes is not None and agreed else None)
     return FirstStep(backend.step_state, built.first, reference,
                      LOW_PRECISION_TOLERANCE if low else TOLERANCE, likely, draws, where,
-                     agreed, inference, backend.step_logs, setup_before=before), None
+                     agreed, inference, backend.step_logs, setup_before=before)

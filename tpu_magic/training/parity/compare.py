@@ -262,12 +262,22 @@ def setup_key(model: Any, shapes: list, where: str) -> str:
     optimizer = getattr(model, "optimizer", None)
     compiled = (repr(_loss_key(getattr(model, "loss", None))),
                 type(optimizer).__name__ if optimizer is not None else None,
-                sorted((k, repr(v)) for k, v in (optimizer.get_config().items()
-                                                 if optimizer is not None else ())
-                       if k != "name"),
+                _settings(optimizer),
                 [getattr(m, "name", repr(m)) for m in getattr(model, "metrics", [])])
     text = repr((layers, variables, compiled, list(shapes), where, _class_key(type(model))))
     return hashlib.sha1(text.encode()).hexdigest()
+
+
+def _settings(optimizer: Any) -> Any:
+    """An optimizer's settings, as its config gives them; where it cannot give one (a
+    learning-rate schedule of a notebook's without `get_config`, a tensor in it), the
+    optimizer object itself: that setup is then compared again in a later cell."""
+    if optimizer is None:
+        return ()
+    try:
+        return sorted((k, repr(v)) for k, v in optimizer.get_config().items() if k != "name")
+    except Exception:  # noqa: BLE001 - Keras's own fit never asks for it: no error here either
+        return f"{type(optimizer).__qualname__} at {id(optimizer)}"
 
 
 def _class_key(cls: type) -> str:

@@ -68,9 +68,13 @@ def choose(connection: Any, model: Any, batch: Any, planned: tuple[Chip, int] | 
     Raises:
         MemoryPlanError: not even the most model columns fit (the fixes named).
     """
-    memory = None if batch is None else connection.backend.step_memory(model, batch)
-    if memory is None:  # no plan (TensorFlow, or no batch to plan from): data parallel
+    if batch is None:  # no batch to plan from: data parallel, planned at a later fit
         return connection, None, None
+    memory = connection.backend.step_memory(model, batch)
+    if memory is None:  # a backend that plans no memory (TensorFlow): data parallel, said
+        return connection, None, (f"--shard auto: data parallel ({connection.strategy_name}); "
+                                  "Keras on this backend plans no memory and lays out "
+                                  "no model columns: that needs Keras on JAX")
     total = device_bytes(connection, planned)
     where = f"per {planned[0].name} device" if planned else "per device"
     if total is None or memory.peak <= HEADROOM * total:

@@ -19,18 +19,22 @@ from typing import Any, Mapping
 import keras
 import numpy as np
 
+from tpu_magic.core import random_state
 from tpu_magic.core.atomic import atomic_path
 from tpu_magic import backends
 from tpu_magic.core.errors import SyncError
 from tpu_magic.training.sync import adapters as lora
 from tpu_magic.training.models.precision import float32_config
 from tpu_magic.training.models.rewrap import custom_objects_from, unbuildable
-from tpu_magic.core.variables import replica_weights
+from tpu_magic.core.variables import float32, replica_weights
+from tpu_magic.training.sync.structure import structural_copy
 from tpu_magic.training.sync.target import choose_model, copy_name
 
 WEIGHTS_SUFFIX = ".weights.h5"  # Keras 3 refuses any other ending for weights files
 PROBE_ROWS = 8
-PROBE_LENGTH = 16  # a sequence length for inputs that leave theirs open (token ids)
+# sequence lengths tried, in turn, for inputs that leave theirs open (token ids): a model
+# with fewer positions than the first (a GPT-2 of 8) takes a later one
+PROBE_LENGTHS = (16, 4, 1)
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,7 @@ class SyncReport:
     path: str | None = None
     adapters: tuple[int, int] | None = None  # --adapters: (bytes saved, bytes of the model)
     source: str | None = None  # where the weights came from, if not this process's model
+    how: str | None = None  # how it was copied, where not from its config
 
     def summary(self) -> str:
         lines = [f"tpu_sync: `{self.name}` → `{self.as_name}` on the CPU, "
@@ -67,6 +72,8 @@ class SyncReport:
             lines.append(f"  averaged over {self.replicas} replicas: {self.averaged} variable"
                          f"{'s' * (self.averaged != 1)} that replicas update on their own "
                          f"({_which(self.averaged_names)})")
+        if self.how:
+            lines.append(f"  {self.how}")
         if self.source:
             lines.append(f"  weights from {self.source}")
         elif self.max_abs_diff is None:
@@ -166,7 +173,7 @@ def cpu_copy(model: Any, custom_objects: Mapping[str, Any], backend: Any,
     objects = {**custom_objects, type(model).__name__: type(model)}
     serialized = float32_config(variable_batch(serialized))  # float32 for any 16-bit policy
     compile_config = serialized.pop("compile_config", None)
-    with backend.on_the_cpu():
+    with backend.on_the_cpu(), random_state.kept():  # the notebook's draws stay its own
         new = _rebuild(serialized, compile_config, objects, label, type(model).__name__)
         _same_lora(model, new)
         return new
@@ -222,19 +229,19 @@ def _rebuild(serialized: Any, compile_config: Any, objects: Mapping[str, Any], l
     return new
 
 
-def probe_batch(model: Any, rows: int = PROBE_ROWS, seed: int = 0) -> Any | None:
+def probe_batch(model: Any, rows: int = PROBE_ROWS, seed: int = 0,
+                length: int = PROBE_LENGTHS[0]) -> Any | None:
     """Inputs for a quick comparison, in the structure the model takes (a dict for KerasHub's
     `token_ids` and `padding_mask`): normal floats; small integers for index inputs (valid for
-    any Embedding); ones for a mask; a length of PROBE_LENGTH where the model leaves one open
-    (a sequence). None: the model has no inputs to read (a subclassed model never called)."""
+    any Embedding); ones for a mask; `length` where the model leaves one open (a sequence). None: the model has no inputs to read (a subclassed model never called)."""
     try:
         inputs = list(model.inputs)
     except (AttributeError, ValueError):
-        return None
+        return _probe_from_build(model, rows, seed, length)
     rng = np.random.default_rng(seed)
     batch = []
     for spec in inputs:
-        shape = (rows, *(PROBE_LENGTH if d is None else d for d in tuple(spec.shape)[1:]))
+        shape = (rows, *(length if d is None else d for d in tuple(spec.shape)[1:]))
         dtype = np.dtype(getattr(spec, "dtype", "float32"))
         if "mask" in str(getattr(spec, "name", "")) or dtype == np.bool_:
             batch.append(np.ones(shape, dtype))  # every position real
@@ -248,6 +255,18 @@ def probe_batch(model: Any, rows: int = PROBE_ROWS, seed: int = 0) -> Any | None
     return batch[0] if len(batch) == 1 else batch
 
 
+def _probe_from_build(model: Any, rows: int, seed: int, length: int) -> Any | None:
+    """A subclassed model's probe, from the input shape it was built for (`build_config`):
+    0s and 1s as float32, which any index input (an Embedding's) and any dense one takes;
+    None where it was never built with one shape."""
+    shape = (model.get_build_config() or {}).get("input_shape") if model.built else None
+    if not isinstance(shape, (list, tuple)) or not shape or \
+            not all(d is None or isinstance(d, int) for d in shape):
+        return None
+    dims = tuple(length if d is None else d for d in tuple(shape)[1:])
+    return np.random.default_rng(seed).integers(0, 2, size=(rows, *dims)).astype("float32")
+
+
 def _predict(model: Any, batch: Any, backend: Any) -> list[np.ndarray]:
     with backend.reading(model):
         out = model(batch, training=False)
@@ -257,13 +276,17 @@ def _predict(model: Any, batch: Any, backend: Any) -> list[np.ndarray]:
 def _compared(model: Any, copy: Any, name: str, backend: Any) -> float | None:
     """The largest prediction difference between the trained model and its copy on a probe
     batch; None where no probe can be made, or the trained model itself refuses the probe's
-    made-up input (a length its layers cannot take)."""
-    probe = probe_batch(copy)
-    if probe is None:
-        return None
-    try:
-        ours = _predict(model, probe, backend)
-    except Exception:  # noqa: BLE001 - the made-up input, not the copy, is wrong for it
+    made-up input at every length tried (`PROBE_LENGTHS`)."""
+    for length in PROBE_LENGTHS:
+        probe = probe_batch(copy, length=length)
+        if probe is None:
+            return None
+        try:
+            ours = _predict(model, probe, backend)
+            break
+        except Exception:  # noqa: BLE001 - the made-up input, not the copy, is wrong for it
+            continue
+    else:
         return None
     try:
         theirs = _predict(copy, probe, backend)
@@ -305,12 +328,7 @@ def sync_to_cpu(model: Any, *, name: str, as_name: str,
     backend = backend or backends.active()
     refuse_if_too_big(model, name)
     weights, averaged, replicas = replica_weights(model, backend)  # gathered one by one
-    new = cpu_copy(model, custom_objects, backend, label=name)
-    try:
-        new.set_weights(weights)
-    except ValueError as exc:
-        raise SyncError(f"the CPU copy of {name!r} does not take its weights ({exc}); its "
-                        "get_config() does not describe the trained model") from None
+    new, how = _copy(model, weights, custom_objects, backend, name)
     diff = _compared(model, new, name, backend)
     saved = None
     if path is not None and adapters:
@@ -322,8 +340,33 @@ def sync_to_cpu(model: Any, *, name: str, as_name: str,
                         seconds=time.perf_counter() - start, max_abs_diff=diff,
                         averaged=len(averaged), averaged_names=tuple(averaged),
                         replicas=replicas,
-                        path=str(path) if path is not None else None, adapters=saved)
+                        path=str(path) if path is not None else None, adapters=saved,
+                        how=how)
     return new, report
+
+
+def _copy(model: Any, weights: list, custom_objects: Mapping[str, Any], backend: Any,
+          name: str) -> tuple[Any, str | None]:
+    """The CPU copy: rebuilt from the model's config where that describes the model (any
+    batch size), else copied object by object (`structure`): a model whose layers were
+    swapped by attribute, whose own layers leave an argument out of their config, or whose
+    arguments Keras cannot serialize. Returns (the copy, how it was made where not from its
+    config)."""
+    try:
+        new = cpu_copy(model, custom_objects, backend, label=name)
+        new.set_weights(weights)
+        return new, None
+    except (SyncError, ValueError) as exc:
+        why = str(exc).split(": ", 1)[-1] if isinstance(exc, SyncError) else str(exc)
+    values = {id(w): value for w, value in zip(model.weights, weights)}
+    with backend.reading(model):  # the rest (seeds' states): as they are
+        for variable in model.variables:
+            if id(variable) not in values:
+                values[id(variable)] = float32(np.asarray(variable.value))
+    with backend.on_the_cpu():
+        new = compiled_like(structural_copy(model, lambda v: values[id(v)]), model)
+    return new, ("copied as it is, layer by layer (its config does not describe it: "
+                 f"{why.splitlines()[0][:160] if why else 'not rebuilt'})")
 
 
 def copy_from_state(state: Mapping[str, Any], *, name: str, as_name: str,

@@ -1,0 +1,70 @@
+"""`training/fit/steps.chosen`: the steps an execution, from measured times (pure arithmetic;
+the measuring itself is tested with each backend)."""
+
+import pytest
+
+from tpu_magic.training.fit.steps import KERAS_LOOP_SECONDS, MOST, StepTimes, chosen
+
+pytestmark = pytest.mark.quick
+
+
+def choose(device=1e-5, host=4e-4, epoch=1000, batch_bytes=4096, memory=None, hooks=(),
+           requested=None, own=1, divides=None):
+    asked = []
+
+    def measure():
+        asked.append(True)
+        return None if device is None else StepTimes(device, host)
+
+    return chosen(requested, own, measure, epoch, batch_bytes, memory, list(hooks),
+                  divides), asked
+
+
+def test_a_users_k_wins_and_nothing_is_measured():
+    assert choose(requested=7) == (chosen(7, 1, lambda: None, 10, 0, None, []), [])
+    steps, asked = choose(own=4)
+    assert (steps.k, steps.why, asked) == (4, "the model's own steps_per_execution", [])
+
+
+def test_a_callback_reading_every_batch_and_a_short_epoch_keep_one_step():
+    steps, asked = choose(hooks=["LambdaCallback"])
+    assert steps.k == 1 and "LambdaCallback reads every batch" in steps.why and not asked
+    steps, asked = choose(epoch=7)
+    assert steps.k == 1 and "7 steps are too few" in steps.why and not asked
+
+
+def test_k_keeps_the_host_under_five_percent_of_the_device():
+    # host 0.4 ms + Keras's loop a dispatch against 0.1 ms a step: 19 x 0.6 / 0.1 = 114
+    steps, _ = choose(device=1e-4, host=4e-4, epoch=None)
+    wanted = -(-(4e-4 + KERAS_LOOP_SECONDS) * 19 // 1e-4)
+    assert steps.k == wanted == 114 and "keep the host under 5%" in steps.why
+    steps, _ = choose(device=1e-4, host=4e-4, epoch=10_000)
+    assert steps.k == 100  # a divisor of the epoch's steps near it: one program throughout
+
+
+def test_a_long_step_runs_alone():
+    steps, _ = choose(device=0.05, host=4e-4)
+    assert steps.k == 1 and "one step a dispatch keeps the host under 5%" in steps.why
+
+
+@pytest.mark.parametrize("epoch, k", [(1000, 250), (998, 249), (996, 249), (10**6, 1000), (2**20, MOST)])
+def test_bounded_by_four_executions_an_epoch_preferring_a_divisor(epoch, k):
+    steps, _ = choose(device=1e-7, epoch=epoch)
+    assert steps.k == k, steps
+
+
+def test_bounded_by_memory_for_the_batches():
+    steps, _ = choose(device=1e-7, epoch=10**6, batch_bytes=2**20, memory=2**30)
+    assert steps.k == 64 and "memory for the batches" in steps.why  # 1/16 of 1 GiB / 1 MiB
+
+
+def test_k_divides_the_steps_keras_runs_whole_executions_of():
+    steps, _ = choose(device=1e-7, epoch=100, divides=9)
+    assert steps.k == 9 and "the call's 9 steps a pass, which K divides" in steps.why
+    steps, _ = choose(device=1e-7, epoch=100, divides=7 * 11)
+    assert steps.k == 11
+
+
+def test_not_measured_is_one_step_said():
+    steps, asked = choose(device=None)
+    assert steps.k == 1 and "no step was measured" in steps.why and asked
