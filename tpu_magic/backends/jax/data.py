@@ -109,8 +109,8 @@ class PaddedBatches(keras.utils.PyDataset):
             rows = np.take(np.asarray(v), safe, axis=0)
             return rows if marked is None else marked(rows)
 
-        def pick(a):
-            return keras.tree.map_structure(gather, a)
+        def pick(a):  # an array on its own without the tree walk (every step pays it)
+            return gather(a) if isinstance(a, np.ndarray) else keras.tree.map_structure(gather, a)
 
         if not self.labelled:
             return (pick(self.x),)
