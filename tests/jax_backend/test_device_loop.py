@@ -40,9 +40,11 @@ def _run(ip, line):
 
 @pytest.mark.parametrize("placement", ["", "--shard model --mesh 2x4"])
 def test_k_steps_a_dispatch_equal_one_step_a_dispatch(ip, placement):
-    grouped, ours = _run(ip, f"--steps-per-execution 8 {placement}")
+    # 12 a group: a loop of 12 (on the CPU, longer than `device_loop.CPU_UNROLLED`), and
+    # each epoch's last 7 unrolled, then its short batch alone
+    grouped, ours = _run(ip, f"--steps-per-execution 12 {placement}")
     single, theirs = _run(ip, f"--steps-per-execution 1 {placement}")
-    assert grouped.execution.k == 8 and single.execution.k == 1
+    assert grouped.execution.k == 12 and single.execution.k == 1
     same_history(theirs, ours, tolerance=dict(rel=1e-6, abs=1e-6))
     same_weights(theirs, ours, atol=1e-6)
     np.testing.assert_allclose(ours["rows_out"], theirs["rows_out"], rtol=1e-6, atol=1e-7)
@@ -75,6 +77,50 @@ def test_a_callback_that_reads_every_batch_keeps_one_step_an_execution(ip):
         report.execution.why
     assert ip.user_ns["seen"] == list(range(250))
 
+
+
+# Keras's loop hands each step's state back to the model (`model._jax_state`), untracked while
+# tpu_magic runs the call (`backends/jax/handed_state.py`); a callback that reads the model
+# mid-fit syncs from it, and must see what it sees in plain Keras.
+WATCHED = """
+sums = []
+class Watch(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        if batch % 7 == 0:
+            sums.append(float(sum(np.sum(w) for w in self.model.get_weights())))
+history = model.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0,
+                    callbacks=[Watch()])
+"""
+
+
+def test_a_callback_reading_the_model_mid_fit_sees_what_plain_keras_shows(ip):
+    from support.same import both
+
+    plain, ours, report = both(ip, SETUP, MODEL + WATCHED)
+    assert report.execution.k == 1  # the callback reads batches
+    assert len(ours["sums"]) == len(plain["sums"]) == 10
+    np.testing.assert_allclose(ours["sums"], plain["sums"], rtol=1e-5)
+    same_history(plain, ours)
+    model = ours["model"]
+    assert "_setattr_hook" not in model.__dict__  # the call's own hook is gone with it
+    model.tracked_after = {"a": [1]}  # and the model tracks as Keras does again
+    assert type(model.tracked_after).__name__ == "TrackedDict"
+
+
+def test_on_the_cpu_a_convolving_models_groups_stay_short_and_unrolled(ip):
+    # XLA:CPU runs a convolution's kernel gradient in a loop tens of times slower than
+    # outside one: auto K stops at `device_loop.CPU_UNROLLED`, where groups run unrolled
+    ip.run_cell("import numpy as np, keras\n"
+                "x = np.random.RandomState(0).rand(2048, 8, 8, 1).astype('float32')\n"
+                "y = np.random.RandomState(1).randint(0, 3, 2048)")
+    cell = ("model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Conv2D(2, 3), "
+            "keras.layers.Flatten(), keras.layers.Dense(3, activation='softmax')])\n"
+            "model.compile('adam', 'sparse_categorical_crossentropy')\n"
+            "model.fit(x, y, batch_size=8, epochs=1, verbose=0)")
+    report = train(ip, cell)
+    assert report.execution.k == 8, report.execution.why
+    assert "a convolution's gradient, which XLA:CPU runs slowly in a loop" in \
+        report.execution.why
 
 # A user's input read K steps an execution: Keras keeps one iterator across the epochs
 # where the fit names steps_per_epoch, so an execution must stop at its pass's end (read on,

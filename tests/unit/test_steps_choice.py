@@ -9,12 +9,12 @@ pytestmark = pytest.mark.quick
 
 
 def choose(device=1e-5, host=4e-4, epoch=1000, batch_bytes=4096, memory=None, hooks=(),
-           requested=None, own=1, divides=None):
+           requested=None, own=1, divides=None, most=None):
     asked = []
 
     def measure():
         asked.append(True)
-        return None if device is None else StepTimes(device, host)
+        return None if device is None else StepTimes(device, host, most)
 
     return chosen(requested, own, measure, epoch, batch_bytes, memory, list(hooks),
                   divides), asked
@@ -68,3 +68,10 @@ def test_k_divides_the_steps_keras_runs_whole_executions_of():
 def test_not_measured_is_one_step_said():
     steps, asked = choose(device=None)
     assert steps.k == 1 and "no step was measured" in steps.why and asked
+
+
+def test_the_backends_own_bound_on_a_group_is_kept_and_said():
+    steps, _ = choose(device=1e-4, host=4e-4, epoch=None, most=(8, "slow loops here"))
+    assert steps.k == 8 and steps.why.endswith("8 steps a dispatch, bounded by slow loops here")
+    steps, _ = choose(device=1e-4, host=4e-4, epoch=None, most=(512, "slow loops here"))
+    assert steps.k == 114  # a bound above the wanted K changes nothing

@@ -135,10 +135,11 @@ class Backend(Protocol):
     def steps_per_execution_note(self, connection: "Connection", steps: int) -> str | None:
         """Why `steps` per execution cannot run on this connection, or None where it can."""
 
-    def step_times(self, model: Any, kind: str, batch: Any) -> "tuple[float, float] | None":
+    def step_times(self, model: Any, kind: str, batch: Any) -> "tuple | None":
         """One `kind` ("train", "test", "predict") step of the model on `batch` (one batch,
-        NumPy), measured without changing the model: its device seconds and the host's
-        seconds to place the batch and dispatch the step (None: this backend does not
+        NumPy), measured without changing the model: its device seconds, the host's
+        seconds to place the batch and dispatch the step, and the longest group of such
+        steps that runs as fast a step, with why (or None) (None: this backend does not
         measure; `training.fit.steps` then keeps one step an execution)."""
 
     def grouped_steps(self, model: Any, steps: int, sources: "Mapping[str, Any] | None" = None,

@@ -92,7 +92,7 @@ class JaxBackend(Named):
     def jit_compile_note(self, connection: Connection, model: Any) -> str | None:
         return None  # JAX compiles every step with XLA anyway
 
-    def step_times(self, model: Any, kind: str, batch: Any) -> tuple[float, float] | None:
+    def step_times(self, model: Any, kind: str, batch: Any) -> tuple | None:
         if not model.jit_compile:  # Keras's eager steps: no compiled program to group
             return None
         return device_loop.measured(model, kind, batch)

@@ -12,7 +12,8 @@ step (`train_step`, `test_step`, `predict_step`), its carry the same state Keras
 (weights, optimizer slots, metrics, the random generators' seeds, BatchNorm statistics), so
 K scanned steps compute what K single steps compute, and the logs are the last step's, as
 Keras's own `steps_per_execution` gives them. A group whose batches differ in shape (a short
-last batch) runs each different batch as one step of its own.
+last batch) runs each different batch as one step of its own. On the CPU a short group
+runs unrolled, and a convolving model's groups stay short (`_unrolled`, `_loop_bound`).
 """
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ import contextlib
 import functools
 from typing import Any, Callable, Iterator
 
+from tpu_magic.backends.jax import handed_state
 from tpu_magic.core.deps import require_jax
 from tpu_magic.core.overrides import overridden
 from tpu_magic.core.steps import TRACED, state_groups
 
 _LOOP = "_tpu_magic_device_loop"  # on the model: its compiled programs, kept across calls
+CPU_UNROLLED = 8  # on the CPU, a group of at most this many steps runs unrolled
 
 
 @contextlib.contextmanager
@@ -37,10 +40,20 @@ def grouped(model: Any, steps: int, sources: dict[str, Any] | None = None,
     (`PaddedBatches.group`); `lengths`: the steps of a pass by role, where known (an
     execution never reads past its pass: a dataset may go on into the next). One step a
     dispatch (`steps` 1), or a model Keras runs eagerly or without XLA: Keras's own
-    functions, untouched."""
-    if steps <= 1 or model.run_eagerly or not model.jit_compile:
-        yield
-        return
+    functions, untouched. Either way the state Keras hands back after each execution is
+    kept untracked (`handed_state`)."""
+    with handed_state.untracked(model):
+        if steps <= 1 or model.run_eagerly or not model.jit_compile:
+            yield
+        else:
+            with _groups_of(model, steps, sources, lengths):
+                yield
+
+
+@contextlib.contextmanager
+def _groups_of(model: Any, steps: int, sources: dict[str, Any] | None,
+               lengths: dict[str, int] | None) -> Iterator[None]:
+    """The model's three functions replaced by its loop's, K batches an execution."""
     loop = _loop_of(model)
     # several processes read a batch at a time, each its own rows (Keras's iterator)
     loop.k, loop.sources = steps, dict(sources or {}) if _one_process() else {}
@@ -80,12 +93,13 @@ def _state_of(model: Any) -> tuple:
 
 
 def measured(model: Any, kind: str, batch: Any, repeats: int = 7
-             ) -> tuple[float, float] | None:
+             ) -> tuple[float, float, tuple[int, str] | None] | None:
     """One `kind` step of the model on `batch` (NumPy, one batch), timed on a copy of its
-    state (the model is left as it was): its device seconds, and the host's seconds to put
-    the batch on the devices and dispatch the step. The step's program is the loop's own,
-    so the fit compiles it once. Measured once a model, step and batch type. None where it
-    is not measured: several processes (each would time its own and choose its own K, where
+    state (the model is left as it was): its device seconds, the host's seconds to put
+    the batch on the devices and dispatch the step, and the longest group that runs as
+    fast a step, with why (`_loop_bound`). The step's program is the loop's own, so the fit
+    compiles it once. Measured once a model, step and batch type. None where it is not
+    measured: several processes (each would time its own and choose its own K, where
     every process must run the same programs), or a model not built for the step yet."""
     import time
 
@@ -107,6 +121,7 @@ def measured(model: Any, kind: str, batch: Any, repeats: int = 7
         group = Group(placed, 1, single=True)
         state = _copied(loop._laid_out(kind, _state(model, kind)))
         program = loop._program(kind, group)
+        bound = _loop_bound(kind, program, state, placed)
         out, state = jax.block_until_ready(program(state, placed))  # compiles
         dispatches, totals = [], []
         for _ in range(repeats):
@@ -117,8 +132,24 @@ def measured(model: Any, kind: str, batch: Any, repeats: int = 7
             dispatches.append(returned - start)
             totals.append(time.perf_counter() - start)
         dispatch, total = sorted(dispatches)[repeats // 2], sorted(totals)[repeats // 2]
-        loop.measured[key] = (max(total - dispatch, 1e-7), dispatch + transfer)
+        loop.measured[key] = (max(total - dispatch, 1e-7), dispatch + transfer, bound)
     return loop.measured[key]
+
+
+def _loop_bound(kind: str, program: Any, state: Any, placed: Any) -> tuple[int, str] | None:
+    """The longest group of `kind` steps that runs as fast a step as one step alone, and
+    why; None: any. On the CPU a train step that convolves: a convolution's kernel gradient
+    in a loop's body runs tens of times slower on XLA:CPU than outside one (measured:
+    docs/benchmarks.md), so its groups stay short enough to run unrolled (`_unrolled`)."""
+    if kind != "train" or require_jax().default_backend() != "cpu":
+        return None
+    try:
+        convolves = "stablehlo.convolution" in program.lower(state, placed).as_text()
+    except Exception:  # noqa: BLE001 - not read: the groups are not bounded
+        return None
+    return (CPU_UNROLLED, "a convolution's gradient, which XLA:CPU runs slowly in a loop, "
+                          f"so groups of at most {CPU_UNROLLED} run unrolled") \
+        if convolves else None
 
 
 def _signature(batch: Any) -> tuple:
@@ -284,8 +315,8 @@ class Loop:
         found = self._programs.get(key)
         if found is None:
             self.state = _state_of(self.model)
-            found = self._programs[key] = _compiled(self.model, kind, group.single,
-                                                    self._targets(kind))
+            found = self._programs[key] = _compiled(self.model, kind, group.length,
+                                                    group.single, self._targets(kind))
         return found
 
 
@@ -413,25 +444,40 @@ def _joined(outputs: list) -> Any:
     return keras.tree.map_structure(lambda *parts: jnp.concatenate(parts), *outputs)
 
 
-def _compiled(model: Any, kind: str, single: bool, layouts: tuple | None) -> Callable[..., Any]:
-    """Keras's own step for `kind` as one jitted program: a scan over stacked batches, or
-    (`single`) one step; its state donated, and returned on `layouts` (each variable's, as
-    Keras's own `make_*_function` fixes its outputs'; None: no distribution)."""
+def _compiled(model: Any, kind: str, length: int, single: bool,
+              layouts: tuple | None) -> Callable[..., Any]:
+    """Keras's own step for `kind` as one jitted program: a scan over `length` stacked
+    batches, or (`single`) one step; its state donated, and returned on `layouts` (each
+    variable's, as Keras's own `make_*_function` fixes its outputs'; None: no distribution).
+    On the CPU a short scan is unrolled (`_unrolled`)."""
     jax = require_jax()
     step = _step(model, kind)
+    unroll = _unrolled(length)
 
     def scanned(state: Any, stacked: Any) -> Any:
         def body(carry: Any, batch: Any) -> Any:
             out, carry = step(carry, batch)
             return carry, out
 
-        state, outs = jax.lax.scan(body, state, stacked)
+        state, outs = jax.lax.scan(body, state, stacked, unroll=unroll)
         if kind == "predict":
             return outs, state
         return jax.tree_util.tree_map(lambda a: a[-1], outs), state
 
     return jax.jit(step if single else scanned, donate_argnums=0,
                    out_shardings=None if layouts is None else (None, layouts))
+
+
+def _unrolled(length: int) -> int | bool:
+    """How the scan of a group of `length` steps is laid out: a loop (1) on TPUs and GPUs;
+    on the CPU straight-line code where the group is short. XLA:CPU runs a convolution's
+    gradient in a loop's body many times slower than outside one (docs/benchmarks.md);
+    unrolled, a group compiles in about a step's compile for each step it holds, so only
+    short groups are (a long group's steps are short, and a loop of dense layers costs
+    nothing there)."""
+    if length <= CPU_UNROLLED and require_jax().default_backend() == "cpu":
+        return True
+    return 1
 
 
 def _layouts(model: Any, kind: str) -> tuple | None:

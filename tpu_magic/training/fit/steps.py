@@ -8,10 +8,10 @@ each, that host work of h seconds is either hidden behind them or, when K·d is 
 the device waits for. K is the smallest whole number for which h is at most 5 % of K·d,
 bounded by the epoch's steps (a divisor of them where one is near, so every execution is
 the same program) and by at least four executions an epoch (so the bar moves and a steady
-rate is measured after the first), by memory (K batches on the device at once) and by a
-cap; 1 where a
-step alone already outlasts the host's work 19 times over (a language model's step of
-tens of milliseconds). Pure arithmetic: the measurements come from the backend.
+rate is measured after the first), by memory (K batches on the device at once), by the
+backend's own bound (a group it runs slower a step) and by a cap; 1 where a step alone
+already outlasts the host's work 19 times over (a language model's step of tens of
+milliseconds). Pure arithmetic: the measurements come from the backend.
 """
 
 from __future__ import annotations
@@ -34,10 +34,13 @@ KERAS_LOOP_SECONDS = 2e-4
 @dataclass(frozen=True)
 class StepTimes:
     """One step, measured: its device seconds, and the host's seconds an execution (the
-    dispatch and one batch's transfer; Keras's loop is added as `KERAS_LOOP_SECONDS`)."""
+    dispatch and one batch's transfer; Keras's loop is added as `KERAS_LOOP_SECONDS`);
+    `most`: the longest group the backend runs as fast a step as one step alone, and why
+    (None: no bound of its own)."""
 
     device: float
     host: float
+    most: tuple[int, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,8 @@ def chosen(requested: int | None, own: int, measure: Callable[[], StepTimes | No
         return Steps(1, f"auto: {said}, so one step a dispatch keeps the host under "
                         f"{HOST_SHARE:.0%}")
     bounds = [(MOST, "the cap")]
+    if measured.most is not None:
+        bounds.append(measured.most)
     if epoch_steps:  # several executions an epoch: the bar moves, a steady rate is measured
         bounds.append((max(1, epoch_steps // EXECUTIONS),
                        f"{EXECUTIONS} executions in the epoch's {epoch_steps} steps"))
