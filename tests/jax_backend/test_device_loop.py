@@ -67,6 +67,27 @@ def test_auto_groups_a_small_models_steps_says_why_and_a_later_cell_compiles_not
     assert again.samples_per_second  # several executions: a steady rate after the first
 
 
+# Before the tests whose callbacks read every batch: on 8 simulated CPU devices, such a fit
+# followed in the same process by a measured fit of one step a dispatch has hung inside
+# XLA (docs/limits.md)
+def test_a_group_measured_slower_than_single_steps_runs_one_step_a_dispatch(ip, monkeypatch):
+    # the group the choice would run is timed (`device_loop.measured_group`; for real in the
+    # test above, where it pays); here it is made to take a second a step
+    from tpu_magic.backends.jax import device_loop
+
+    timed = []
+
+    def slow(model, kind, batch, k):
+        timed.append((kind, k))
+        return 1.0
+
+    monkeypatch.setattr(device_loop, "measured_group", slow)
+    ip.run_cell(SETUP + "x = np.concatenate([x] * 8); y = np.concatenate([y] * 8)")
+    report = train(ip, MODEL + "model.fit(x, y, batch_size=32, epochs=1, verbose=0)")
+    assert timed and timed[0][0] == "train" and timed[0][1] > 1
+    assert report.execution.k == 1 and report.execution.why.endswith(
+        "one a dispatch: one step a dispatch"), report.execution.why
+
 def test_a_callback_that_reads_every_batch_keeps_one_step_an_execution(ip):
     ip.run_cell(SETUP + "x = np.concatenate([x] * 8); y = np.concatenate([y] * 8)\n"
                 "seen = []")
@@ -118,9 +139,12 @@ def test_on_the_cpu_a_convolving_models_groups_stay_short_and_unrolled(ip):
             "model.compile('adam', 'sparse_categorical_crossentropy')\n"
             "model.fit(x, y, batch_size=8, epochs=1, verbose=0)")
     report = train(ip, cell)
-    assert report.execution.k == 8, report.execution.why
-    assert "a convolution's gradient, which XLA:CPU runs slowly in a loop" in \
-        report.execution.why
+    why = report.execution.why
+    assert "8 steps a dispatch, bounded by a convolution's gradient, which XLA:CPU runs " \
+        "slowly in a loop" in why, why
+    # the group of 8 is then timed; on a busy machine it may lose to single steps
+    assert report.execution.k == (1 if "but that group measured" in why else 8), why
+
 
 # A user's input read K steps an execution: Keras keeps one iterator across the epochs
 # where the fit names steps_per_epoch, so an execution must stop at its pass's end (read on,

@@ -9,15 +9,19 @@ pytestmark = pytest.mark.quick
 
 
 def choose(device=1e-5, host=4e-4, epoch=1000, batch_bytes=4096, memory=None, hooks=(),
-           requested=None, own=1, divides=None, most=None):
+           requested=None, own=1, divides=None, most=None, grouped=None):
     asked = []
 
     def measure():
         asked.append(True)
         return None if device is None else StepTimes(device, host, most)
 
+    def confirm(k):
+        asked.append(k)
+        return grouped
+
     return chosen(requested, own, measure, epoch, batch_bytes, memory, list(hooks),
-                  divides), asked
+                  divides, confirm), asked
 
 
 def test_a_users_k_wins_and_nothing_is_measured():
@@ -75,3 +79,16 @@ def test_the_backends_own_bound_on_a_group_is_kept_and_said():
     assert steps.k == 8 and steps.why.endswith("8 steps a dispatch, bounded by slow loops here")
     steps, _ = choose(device=1e-4, host=4e-4, epoch=None, most=(512, "slow loops here"))
     assert steps.k == 114  # a bound above the wanted K changes nothing
+
+
+def test_a_group_measured_slower_a_step_than_one_step_a_dispatch_is_not_run():
+    # 0.1 ms a step and 0.6 ms of host work: one a dispatch costs 0.7 ms a step
+    steps, asked = choose(device=1e-4, host=4e-4, epoch=None, grouped=8e-4)
+    assert (steps.k, asked[-1]) == (1, 114)
+    assert steps.why.endswith("114 steps a dispatch keep the host under 5%, but that group "
+                              "measured 0.8 ms a step against 0.7 ms one a dispatch: one step "
+                              "a dispatch")
+    steps, _ = choose(device=1e-4, host=4e-4, epoch=None, grouped=1.05e-4)
+    assert steps.k == 114  # faster a step: kept
+    steps, _ = choose(device=1e-4, host=4e-4, epoch=None, grouped=None)
+    assert steps.k == 114  # not measured: the step's own times decide

@@ -142,6 +142,11 @@ class Backend(Protocol):
         steps that runs as fast a step, with why (or None) (None: this backend does not
         measure; `training.fit.steps` then keeps one step an execution)."""
 
+    def group_seconds(self, model: Any, kind: str, batch: Any, steps: int) -> float | None:
+        """Seconds a `kind` step takes when `steps` of them run as one dispatch on `batch`
+        repeated (the call and the steps timed together), without changing the model; None:
+        not measured (the choice then trusts `step_times`)."""
+
     def grouped_steps(self, model: Any, steps: int, sources: "Mapping[str, Any] | None" = None,
                       lengths: "Mapping[str, int] | None" = None) -> ContextManager[Any]:
         """While a call of the model runs: `steps` steps an execution, one dispatch each;

@@ -97,6 +97,9 @@ class JaxBackend(Named):
             return None
         return device_loop.measured(model, kind, batch)
 
+    def group_seconds(self, model: Any, kind: str, batch: Any, steps: int) -> float | None:
+        return device_loop.measured_group(model, kind, batch, steps)
+
     def grouped_steps(self, model: Any, steps: int, sources: Mapping[str, Any] | None = None,
                       lengths: Mapping[str, int] | None = None) -> Any:
         return device_loop.grouped(model, steps, dict(sources or {}), dict(lengths or {}))

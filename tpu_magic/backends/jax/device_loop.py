@@ -136,6 +136,38 @@ def measured(model: Any, kind: str, batch: Any, repeats: int = 7
     return loop.measured[key]
 
 
+def measured_group(model: Any, kind: str, batch: Any, k: int) -> float | None:
+    """Seconds a `kind` step takes when `k` of them run as one group on `batch` repeated,
+    the whole dispatch timed (its call and its steps), on a copy of the state: the program
+    the call then runs, compiled here (once). A group's program is not always as fast a
+    step as the step alone (XLA schedules it as a whole); `training.fit.steps` keeps one
+    step a dispatch where it is slower. Measured once a model, step, batch type and K;
+    None where `measured` is None."""
+    import time
+
+    import keras
+    import numpy as np
+
+    jax = require_jax()
+    if not _one_process() or (kind == "predict" and not model.built):
+        return None
+    loop = _loop_of(model)
+    key = (kind, _signature(batch), k)
+    if key not in loop.measured:
+        def repeated(array: Any) -> Any:  # a marked batch (`WholeRows`) stays marked
+            stacked = np.stack([np.asarray(array)] * k)
+            return stacked.view(type(array)) if isinstance(array, np.ndarray) else stacked
+
+        group = Group.gathered(keras.tree.map_structure(repeated, batch))
+        program = loop._program(kind, group)
+        state = _copied(loop._laid_out(kind, _state(model, kind)))
+        out, state = jax.block_until_ready(program(state, group.data))  # compiles
+        start = time.perf_counter()
+        jax.block_until_ready(program(state, group.data))
+        loop.measured[key] = (time.perf_counter() - start) / k
+    return loop.measured[key]
+
+
 def _loop_bound(kind: str, program: Any, state: Any, placed: Any) -> tuple[int, str] | None:
     """The longest group of `kind` steps that runs as fast a step as one step alone, and
     why; None: any. On the CPU a train step that convolves: a convolution's kernel gradient

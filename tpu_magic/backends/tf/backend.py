@@ -88,6 +88,9 @@ class TensorFlowBackend(Named):
     def step_times(self, model: Any, kind: str, batch: Any) -> tuple[float, float] | None:
         return executions.measured(model, kind, batch)
 
+    def group_seconds(self, model: Any, kind: str, batch: Any, steps: int) -> float | None:
+        return None  # `step_times` timed Keras's own loop of several steps already
+
     def grouped_steps(self, model: Any, steps: int, sources: Mapping[str, Any] | None = None,
                       lengths: Mapping[str, int] | None = None) -> Any:
         return executions.keras_steps(model, steps)  # Keras's own loop, at `steps`

@@ -98,11 +98,16 @@ def steps_for(connection: Any, model: Any, built: Built, requested: int | None, 
             times = backend.step_times(model, kind, batch)
         return None if times is None else steps.StepTimes(*times)
 
+    def confirm(k: int) -> float | None:
+        with connection.strategy.scope():
+            return backend.group_seconds(model, kind, batch, k)
+
     memory = backend.device_view(connection, {}).memory if batch is not None else None
     known = memory is not None and memory.total_gib and memory.total_from != "host"
     return steps.chosen(requested, model.steps_per_execution, measure, built.epoch_steps,
                         _bytes(batch) // max(connection.replicas, 1),
-                        memory.total_gib * 2 ** 30 if known else None, hooks, divides)
+                        memory.total_gib * 2 ** 30 if known else None, hooks, divides,
+                        confirm)
 
 
 def _whole_executions(built: Built) -> int | None:

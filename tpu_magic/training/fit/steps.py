@@ -56,7 +56,8 @@ class Steps:
 
 def chosen(requested: int | None, own: int, measure: Callable[[], StepTimes | None],
            epoch_steps: int | None, batch_bytes: int, device_bytes: float | None,
-           batch_hooks: list[str], divides: int | None = None) -> Steps:
+           batch_hooks: list[str], divides: int | None = None,
+           confirm: Callable[[int], float | None] | None = None) -> Steps:
     """The steps an execution for one call.
 
     Args:
@@ -70,6 +71,7 @@ def chosen(requested: int | None, own: int, measure: Callable[[], StepTimes | No
         batch_hooks: the user's callbacks that read every batch (their class names).
         divides: what K must divide (a loop that runs whole executions of K on an endless
             input, Keras's own, would read past the steps the call names; None: nothing).
+        confirm: seconds a step when K steps run as one dispatch, measured (`_confirmed`).
     """
     if requested is not None:
         return Steps(requested, "--steps-per-execution")
@@ -110,7 +112,20 @@ def chosen(requested: int | None, own: int, measure: Callable[[], StepTimes | No
     why = f"auto: {said}; {k} steps a dispatch keep the host under {HOST_SHARE:.0%}"
     if most < wanted:
         why = f"auto: {said}; {k} steps a dispatch, bounded by {bound}"
-    return Steps(k, why)
+    return _confirmed(Steps(k, why), said, device + host, confirm)
+
+
+def _confirmed(steps: Steps, said: str, alone: float,
+               confirm: Callable[[int], float | None] | None) -> Steps:
+    """`steps`, where its group, measured, runs a step faster than one step a dispatch does
+    (`alone`: a step's device time and the host's work an execution); else one step a
+    dispatch. A group's program is compiled and scheduled as a whole, and is not always as
+    fast a step (an LSTM's on the CPU: docs/benchmarks.md)."""
+    grouped = confirm(steps.k) if confirm is not None else None
+    if grouped is None or grouped + KERAS_LOOP_SECONDS / steps.k < alone:
+        return steps
+    return Steps(1, f"{steps.why}, but that group measured {_ms(grouped)} a step against "
+                    f"{_ms(alone)} one a dispatch: one step a dispatch")
 
 
 def _fitting(k: int, epoch_steps: int | None) -> int:
