@@ -12,7 +12,7 @@ its marker is removed). The JAX side is tests/jax_backend/test_cell_safety_jax.p
 import numpy as np
 import pytest
 
-from support.cells import train
+from support.cells import PER_CLASS_DATA, PER_CLASS_EVALUATE, train
 from support.injected import Injected, defining, inject
 from support.same import both, imports, plainly, run_cell, same_history, same_values, \
     same_weights
@@ -378,15 +378,7 @@ def test_the_guides_multi_input_multi_output_model_with_dict_targets(sim8):
 # keras.metrics.F1Score's docstring default (average=None): one score per class, an array in
 # plain Keras's evaluate results (the report's float() of it failed the cell before)
 def test_evaluate_with_a_per_class_metric_returns_it_as_plain_keras(sim8):
-    plain, ours, report = both(sim8, """
-rs = np.random.RandomState(20)
-x = rs.rand(203, 10).astype("float32")
-y = keras.utils.to_categorical(rs.randint(0, 3, 203), 3)
-""", """
-model = keras.Sequential([keras.Input((10,)), keras.layers.Dense(3, activation="softmax")])
-model.compile("adam", "categorical_crossentropy", metrics=[keras.metrics.F1Score()])
-evaluation = model.evaluate(x, y, return_dict=True, verbose=0)
-""")
+    plain, ours, report = both(sim8, PER_CLASS_DATA, PER_CLASS_EVALUATE)
     assert ours["evaluation"]["f1_score"].shape == (3,)
     same_values(plain, ours, "evaluation")
 

@@ -5,30 +5,13 @@ where they pay; a later cell of the same setup compiles nothing."""
 import numpy as np
 import pytest
 
-from support.cells import train
+from support.cells import GROUPED_MODEL, grouped_data, grouped_fit, train
 from support.same import plainly, same_history, same_weights
 
-# Dropout (the random streams), BatchNormalization (statistics that move), a short last
-# batch (1000 = 31 x 32 + 8), validation with its own short batch, sample weights
-SETUP = """
-import numpy as np, keras
-rows = np.random.RandomState(0)
-x = rows.rand(1000, 16).astype("float32")
-y = rows.randint(0, 5, 1000)
-w = rows.rand(1000).astype("float32")
-"""
-MODEL = """
-keras.utils.set_random_seed(11)
-model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, activation="relu"),
-                          keras.layers.Dropout(0.3), keras.layers.BatchNormalization(),
-                          keras.layers.Dense(5, activation="softmax")])
-model.compile(keras.optimizers.Adam(1e-2), "sparse_categorical_crossentropy",
-              metrics=["accuracy"])
-"""
-FIT = ("history = model.fit(x, y, sample_weight=w, batch_size=32, epochs=3, shuffle=False, "
-       "validation_data=(x[:100], y[:100]), verbose=0)\n"
-       "rows_out = model.predict(x[:77], verbose=0)\n"
-       "evaluation = model.evaluate(x[:300], y[:300], verbose=0, return_dict=True)\n")
+# a short last batch (1000 = 31 x 32 + 8), validation and evaluation with short batches
+SETUP = grouped_data(1000)
+MODEL = GROUPED_MODEL
+FIT = grouped_fit(epochs=3)
 
 
 def _run(ip, line):

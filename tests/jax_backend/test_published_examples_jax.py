@@ -12,6 +12,7 @@ whose docstring it follows).
 import numpy as np
 import pytest
 
+from support.cells import PER_CLASS_DATA, PER_CLASS_EVALUATE
 from support.same import both, same_history, same_values, same_weights
 
 # Models with a bias before a BatchNormalization, trained with Adam: that bias's gradient is
@@ -638,15 +639,7 @@ history = model.fit(x[:150], y[:150], batch_size=32, epochs=3, shuffle=False, ve
 # keras.metrics.F1Score's docstring default (average=None): one score per class, an array in
 # plain Keras's evaluate results
 def test_evaluate_with_a_per_class_metric_returns_it_as_plain_keras(ip):
-    plain, ours, _ = both(ip, """
-rs = np.random.RandomState(20)
-x = rs.rand(203, 10).astype("float32")
-y = keras.utils.to_categorical(rs.randint(0, 3, 203), 3)
-""", """
-model = keras.Sequential([keras.Input((10,)), keras.layers.Dense(3, activation="softmax")])
-model.compile("adam", "categorical_crossentropy", metrics=[keras.metrics.F1Score()])
-evaluation = model.evaluate(x, y, return_dict=True, verbose=0)
-""")
+    plain, ours, _ = both(ip, PER_CLASS_DATA, PER_CLASS_EVALUATE)
     assert ours["evaluation"]["f1_score"].shape == (3,)
     same_values(plain, ours, "evaluation")
 

@@ -118,3 +118,49 @@ def overrides_kept(ip):
     ip.run_cell(fit)
     report = train(ip, fit)
     return ip.user_ns["Preparing"].prepared, report.fits
+
+
+# Grouped steps (K an execution) must keep what one step at a time computes: Dropout (the
+# random streams), BatchNormalization (statistics that move), Adam; run on both backends
+GROUPED_MODEL = """
+keras.utils.set_random_seed(11)
+model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, activation="relu"),
+                          keras.layers.Dropout(0.3), keras.layers.BatchNormalization(),
+                          keras.layers.Dense(5, activation="softmax")])
+model.compile(keras.optimizers.Adam(1e-2), "sparse_categorical_crossentropy",
+              metrics=["accuracy"])
+"""
+
+
+def grouped_data(rows: int) -> str:
+    """GROUPED_MODEL's data cell: `rows` samples, labels and sample weights."""
+    return f"""
+import numpy as np, keras
+rows = np.random.RandomState(0)
+x = rows.rand({rows}, 16).astype("float32")
+y = rows.randint(0, 5, {rows})
+w = rows.rand({rows}).astype("float32")
+"""
+
+
+def grouped_fit(epochs: int) -> str:
+    """A fit of GROUPED_MODEL with sample weights and validation (its own short batch: 100
+    rows), then a prediction and an evaluation, each with a short last batch."""
+    return (f"history = model.fit(x, y, sample_weight=w, batch_size=32, epochs={epochs}, "
+            "shuffle=False, validation_data=(x[:100], y[:100]), verbose=0)\n"
+            "rows_out = model.predict(x[:77], verbose=0)\n"
+            "evaluation = model.evaluate(x[:300], y[:300], verbose=0, return_dict=True)\n")
+
+
+# keras.metrics.F1Score's docstring default (average=None): one score per class, an array in
+# plain Keras's evaluate results; run on both backends
+PER_CLASS_DATA = """
+rs = np.random.RandomState(20)
+x = rs.rand(203, 10).astype("float32")
+y = keras.utils.to_categorical(rs.randint(0, 3, 203), 3)
+"""
+PER_CLASS_EVALUATE = """
+model = keras.Sequential([keras.Input((10,)), keras.layers.Dense(3, activation="softmax")])
+model.compile("adam", "categorical_crossentropy", metrics=[keras.metrics.F1Score()])
+evaluation = model.evaluate(x, y, return_dict=True, verbose=0)
+"""

@@ -62,6 +62,15 @@ def state_groups(model: Any) -> tuple[list, list, list, list]:
             list(getattr(model, "metrics_variables", [])))
 
 
+def batch_signature(batch: Any) -> tuple:
+    """A host batch's type: each array's shape and dtype, in the tree's order (what a step
+    measured on one batch holds for)."""
+    import keras
+
+    return tuple((tuple(getattr(a, "shape", ())), str(getattr(a, "dtype", type(a))))
+                 for a in keras.tree.flatten(batch))
+
+
 def frozen_variables(model: Any) -> set[int]:
     """The floating-point variables of frozen layers (`trainable = False`), by id: no step
     changes them, so the parity check reads them from the model instead of copying them."""

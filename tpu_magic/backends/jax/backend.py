@@ -2,17 +2,18 @@
 `connect` (devices, `--simulate`), `devices` (the device view), `data` (NumPy inputs),
 `replica_steps`, `model_parallel` and `placement` (meshes and where variables live),
 `memory` (the memory plan), `parity` (the first-step check), `flops`, `checkpoint`,
-`compile_cache`. Keras 3 reaches TPUs through JAX with `keras.distribution.DataParallel`:
-the global batch is split over the devices, the variables are replicated.
+`compile_cache`, `device_loop` and `handed_state` (a call's steps). Keras 3 reaches TPUs
+through JAX with `keras.distribution.DataParallel`: the global batch is split over the
+devices, the variables are replicated.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from tpu_magic.backends.jax import compile_cache, connect, device_loop, devices, flops, \
-    memory, model_parallel, parity, placement, replica_steps
+    handed_state, memory, model_parallel, parity, placement, replica_steps
 from tpu_magic.backends.protocol import Named
 from tpu_magic.core.deps import require_jax
 from tpu_magic.core.devices import DeviceView, StepMemory
@@ -102,7 +103,7 @@ class JaxBackend(Named):
 
     def grouped_steps(self, model: Any, steps: int, sources: Mapping[str, Any] | None = None,
                       lengths: Mapping[str, int] | None = None) -> Any:
-        return device_loop.grouped(model, steps, dict(sources or {}), dict(lengths or {}))
+        return _call_steps(model, steps, dict(sources or {}), dict(lengths or {}))
 
     def replica_steps(self, model: Any, connection: Connection) -> Any:
         return replica_steps.replica_steps(model, connection)
@@ -200,3 +201,12 @@ class JaxBackend(Named):
 
 
 BACKEND = JaxBackend()
+
+
+@contextlib.contextmanager
+def _call_steps(model: Any, steps: int, sources: dict[str, Any],
+                lengths: dict[str, int]) -> Iterator[None]:
+    """A call's steps: `steps` a dispatch (`device_loop.grouped`), and at any K the state
+    Keras's loop hands back after each execution kept untracked (`handed_state`)."""
+    with handed_state.untracked(model), device_loop.grouped(model, steps, sources, lengths):
+        yield

@@ -22,10 +22,9 @@ import contextlib
 import functools
 from typing import Any, Callable, Iterator
 
-from tpu_magic.backends.jax import handed_state
 from tpu_magic.core.deps import require_jax
 from tpu_magic.core.overrides import overridden
-from tpu_magic.core.steps import TRACED, state_groups
+from tpu_magic.core.steps import TRACED, batch_signature, state_groups
 
 _LOOP = "_tpu_magic_device_loop"  # on the model: its compiled programs, kept across calls
 CPU_UNROLLED = 8  # on the CPU, a group of at most this many steps runs unrolled
@@ -40,20 +39,10 @@ def grouped(model: Any, steps: int, sources: dict[str, Any] | None = None,
     (`PaddedBatches.group`); `lengths`: the steps of a pass by role, where known (an
     execution never reads past its pass: a dataset may go on into the next). One step a
     dispatch (`steps` 1), or a model Keras runs eagerly or without XLA: Keras's own
-    functions, untouched. Either way the state Keras hands back after each execution is
-    kept untracked (`handed_state`)."""
-    with handed_state.untracked(model):
-        if steps <= 1 or model.run_eagerly or not model.jit_compile:
-            yield
-        else:
-            with _groups_of(model, steps, sources, lengths):
-                yield
-
-
-@contextlib.contextmanager
-def _groups_of(model: Any, steps: int, sources: dict[str, Any] | None,
-               lengths: dict[str, int] | None) -> Iterator[None]:
-    """The model's three functions replaced by its loop's, K batches an execution."""
+    functions, untouched."""
+    if steps <= 1 or model.run_eagerly or not model.jit_compile:
+        yield
+        return
     loop = _loop_of(model)
     # several processes read a batch at a time, each its own rows (Keras's iterator)
     loop.k, loop.sources = steps, dict(sources or {}) if _one_process() else {}
@@ -99,27 +88,24 @@ def measured(model: Any, kind: str, batch: Any, repeats: int = 7
     the batch on the devices and dispatch the step, and the longest group that runs as
     fast a step, with why (`_loop_bound`). The step's program is the loop's own, so the fit
     compiles it once. Measured once a model, step and batch type. None where it is not
-    measured: several processes (each would time its own and choose its own K, where
-    every process must run the same programs), or a model not built for the step yet."""
+    measured (`_measurable`)."""
     import time
 
     jax = require_jax()
     from keras.src.backend.jax.trainer import _distribute_data
 
-    if not _one_process() or (kind == "predict" and not model.built):
+    if not _measurable(model, kind):
         return None
     if kind != "predict":
-        if not model.compiled:
-            return None
         model._symbolic_build(data_batch=batch)  # what Keras builds first: metrics, optimizer
     loop = _loop_of(model)
-    key = (kind, _signature(batch))
+    key = (kind, batch_signature(batch))
     if key not in loop.measured:
         start = time.perf_counter()
         placed = jax.block_until_ready(_distribute_data(batch))
         transfer = time.perf_counter() - start
         group = Group(placed, 1, single=True)
-        state = _copied(loop._laid_out(kind, _state(model, kind)))
+        state = loop.state_copy(kind)
         program = loop._program(kind, group)
         bound = _loop_bound(kind, program, state, placed)
         out, state = jax.block_until_ready(program(state, placed))  # compiles
@@ -142,30 +128,39 @@ def measured_group(model: Any, kind: str, batch: Any, k: int) -> float | None:
     the call then runs, compiled here (once). A group's program is not always as fast a
     step as the step alone (XLA schedules it as a whole); `training.fit.steps` keeps one
     step a dispatch where it is slower. Measured once a model, step, batch type and K;
-    None where `measured` is None."""
+    None where it is not measured (`_measurable`)."""
     import time
 
     import keras
     import numpy as np
 
     jax = require_jax()
-    if not _one_process() or (kind == "predict" and not model.built):
+    if not _measurable(model, kind):
         return None
     loop = _loop_of(model)
-    key = (kind, _signature(batch), k)
-    if key not in loop.measured:
+    key = (kind, batch_signature(batch), k)
+    if key not in loop.timed_groups:
         def repeated(array: Any) -> Any:  # a marked batch (`WholeRows`) stays marked
             stacked = np.stack([np.asarray(array)] * k)
             return stacked.view(type(array)) if isinstance(array, np.ndarray) else stacked
 
         group = Group.gathered(keras.tree.map_structure(repeated, batch))
         program = loop._program(kind, group)
-        state = _copied(loop._laid_out(kind, _state(model, kind)))
+        state = loop.state_copy(kind)
         out, state = jax.block_until_ready(program(state, group.data))  # compiles
         start = time.perf_counter()
         jax.block_until_ready(program(state, group.data))
-        loop.measured[key] = (time.perf_counter() - start) / k
-    return loop.measured[key]
+        loop.timed_groups[key] = (time.perf_counter() - start) / k
+    return loop.timed_groups[key]
+
+
+def _measurable(model: Any, kind: str) -> bool:
+    """Whether `kind`'s step can be timed here: one process (several would each time their
+    own and choose their own K, where every process must run the same programs), and a
+    model built (predict) or compiled (train, test) for the step."""
+    if not _one_process():
+        return False
+    return model.built if kind == "predict" else model.compiled
 
 
 def _loop_bound(kind: str, program: Any, state: Any, placed: Any) -> tuple[int, str] | None:
@@ -182,13 +177,6 @@ def _loop_bound(kind: str, program: Any, state: Any, placed: Any) -> tuple[int, 
     return (CPU_UNROLLED, "a convolution's gradient, which XLA:CPU runs slowly in a loop, "
                           f"so groups of at most {CPU_UNROLLED} run unrolled") \
         if convolves else None
-
-
-def _signature(batch: Any) -> tuple:
-    """A host batch's type: each array's shape and dtype, in the tree's order."""
-    jax = require_jax()
-    return tuple((tuple(getattr(a, "shape", ())), str(getattr(a, "dtype", type(a))))
-                 for a in jax.tree_util.tree_leaves(batch))
 
 
 def _one_process() -> bool:
@@ -233,7 +221,8 @@ class Loop:
         self.lengths: dict[str, int] = {}
         self._programs: dict[tuple, Callable[..., Any]] = {}
         self._reading: dict[str, tuple[Any, int]] = {}  # kind -> (iterator, steps read)
-        self.measured: dict[tuple, tuple[float, float]] = {}  # (kind, batch type) -> times
+        self.measured: dict[tuple, tuple] = {}  # (kind, batch type) -> a step's times
+        self.timed_groups: dict[tuple, float] = {}  # (kind, batch type, K) -> seconds a step
         self._layouts: dict[str, tuple | None] = {}  # kind -> each state value's layout
         self._last: dict[str, Any] = {}  # kind -> the state its last execution returned
         self._ahead: dict[str, tuple] = {}  # kind -> (iterator, first step, staged groups)
@@ -273,6 +262,11 @@ class Loop:
         self._stage(kind)
         self._last[kind] = state
         return logs, state
+
+    def state_copy(self, kind: str) -> Any:
+        """A copy of the model's state for `kind`'s programs, laid out as they take it (a
+        timed run consumes it; the model keeps its own)."""
+        return _copied(self._laid_out(kind, _state(self.model, kind)))
 
     def _laid_out(self, kind: str, state: Any) -> Any:
         """The state as the programs take it: each value on its variable's layout. Keras's

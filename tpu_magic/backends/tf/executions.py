@@ -16,7 +16,7 @@ import time
 from typing import Any, Iterator
 
 from tpu_magic.core.deps import require_tensorflow
-from tpu_magic.core.steps import TRACED, state_groups
+from tpu_magic.core.steps import TRACED, batch_signature, state_groups
 
 _NAMES = ("train_function", "test_function", "predict_function")
 _KEPT = "_tpu_magic_functions"  # on a model: Keras's traced functions, by (generation, K)
@@ -46,7 +46,7 @@ def measured(model: Any, kind: str, batch: Any) -> tuple[float, float] | None:
         return None
     if (kind == "predict" and not model.built) or (kind != "predict" and not model.compiled):
         return None
-    key = (kind, _signature(batch), model.__dict__.get(TRACED))
+    key = (kind, batch_signature(batch), model.__dict__.get(TRACED))
     earlier = model.__dict__.get(_MEASURED, {})
     if key not in earlier:
         try:
@@ -125,13 +125,6 @@ def _kept_state(model: Any) -> Iterator[None]:
     finally:
         for variable, value in kept:
             variable.assign(value)
-
-
-def _signature(batch: Any) -> tuple:
-    import keras
-
-    return tuple((tuple(getattr(a, "shape", ())), str(getattr(a, "dtype", type(a))))
-                 for a in keras.tree.flatten(batch))
 
 
 @contextlib.contextmanager
