@@ -31,6 +31,9 @@ GRAIN_FIT = (
     "evaluation = cnn.evaluate(rows(203, 316), return_dict=True)\n")
 UNSEEDED = CNN.replace("keras.utils.set_random_seed(0)\n", "")
 UNSEEDED_DRAW = 1234
+# a shuffled fit (Keras's default), then what a later section of the notebook draws
+SHUFFLED = ("history = cnn.fit(images[:203], y[:203], batch_size=32, epochs=2)\n"
+            "later = np.random.randint(2**31)\nprint('later draw', later)\n")
 SHARDED_FIVE = SHARDED + "five = sharded.predict(tokens[:5], verbose=0)\n"
 LIMIT = "TPU_MAGIC_DEVICE_MEMORY_BYTES"
 
@@ -63,6 +66,8 @@ def hosts(ip):
     ip.run_cell(f"keras.utils.set_random_seed({UNSEEDED_DRAW})")
     train(ip, UNSEEDED + FIT)
     expected["unseeded"] = ip.user_ns["history"].history
+    train(ip, CNN + SHUFFLED)
+    expected["shuffled"] = (ip.user_ns["history"].history, ip.user_ns["later"])
     train(ip, CNN + GRAIN_FIT)  # a dataset: 203 = 6×32 + 11, a short last batch
     expected["grain"] = (ip.user_ns["history"].history, ip.user_ns["evaluation"])
     _sharded(ip, expected)
@@ -143,6 +148,16 @@ def test_an_unseeded_cell_builds_the_same_model_on_every_host(ip, hosts, capsys,
                           return_dict=True, verbose=0)
     for key, value in report.evaluations[-1].items():
         assert again[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+
+
+def test_a_shuffled_fit_on_hosts_draws_as_one_process(ip, hosts):
+    # issue 55: each host draws the order from its own NumPy generator, as plain Keras does
+    # (every host seeded alike), and leaves it where one process leaves it
+    report = train(ip, CNN + SHUFFLED)
+    history, later = hosts[1]["shuffled"]
+    for key, values in history.items():
+        assert report.history.history[key] == pytest.approx(values, rel=1e-5), key
+    assert all(f"later draw {later}" in text for text in tpu_magic.hosts_outputs().values())
 
 
 def test_a_dataset_on_hosts_gives_one_processs_numbers(ip, hosts):

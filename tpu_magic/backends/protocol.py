@@ -25,9 +25,10 @@ class InputBuilder(Protocol):
     backend needs whole batches).
     """
 
-    def train_pipeline(self, x: Any, y: Any, sample_weight: Any, batch: int, shuffle: bool,
-                       repeat: bool = True, seed: int | None = None, first_epoch: int = 0,
-                       strategy: Any = None, remainder: str = "pad") -> Any: ...
+    def train_pipeline(self, x: Any, y: Any, sample_weight: Any, batch: int,
+                       shuffle: bool | str, repeat: bool = True, seed: int | None = None,
+                       first_epoch: int = 0, strategy: Any = None, remainder: str = "pad",
+                       build_pass: bool = False) -> Any: ...
 
     def eval_pipeline(self, x: Any, y: Any, sample_weight: Any, batch: int, strategy: Any = None,
                       remainder: str = "pad") -> Any: ...
@@ -147,12 +148,12 @@ class Backend(Protocol):
         repeated (the call and the steps timed together), without changing the model; None:
         not measured (the choice then trusts `step_times`)."""
 
-    def grouped_steps(self, model: Any, steps: int, sources: "Mapping[str, Any] | None" = None,
-                      lengths: "Mapping[str, int] | None" = None) -> ContextManager[Any]:
-        """While a call of the model runs: `steps` steps an execution, one dispatch each;
-        `sources`: tpu_magic's own pipelines by role ("train", "test", "predict"), which
-        the backend may read a group at a time; `lengths`: the steps of a pass by role,
-        where known (an execution never reads into the next pass)."""
+    def grouped_steps(self, model: Any, steps: int,
+                      sources: "Mapping[str, Any] | None" = None) -> ContextManager[Any]:
+        """While a call of the model runs: `steps` steps an execution, one dispatch each,
+        every step reading the batch it reads one step an execution; `sources`: tpu_magic's
+        own pipelines by role ("train", "test", "predict"), which the backend may read a
+        group at a time."""
 
     def jit_compile_note(self, connection: "Connection", model: Any) -> str | None:
         """Why the model's `jit_compile=True` cannot run on this connection (tpu_magic then

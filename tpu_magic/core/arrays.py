@@ -1,4 +1,4 @@
-"""NumPy inputs, backend-free: counting samples, the data order's seed, trimming outputs.
+"""NumPy inputs, backend-free: counting samples, trimming outputs.
 
 Both input builders use these: `backends.tf.data` (tf.data, the TensorFlow backend) and
 `backends.jax.data` (a Keras PyDataset, the JAX backend).
@@ -85,12 +85,6 @@ def common_length(method: str, **parts: Any) -> int:
             "sample_weight needs one row per sample (plain Keras: \"Data cardinality is "
             "ambiguous\"). Cut them to the same samples, e.g. x[:n], y[:n].")
     return next(iter(lengths.values()), 0)
-
-
-def new_seed() -> int:
-    """A seed for the data order, from NumPy's global generator (`keras.utils.set_random_seed`
-    makes it repeatable)."""
-    return int(np.random.randint(0, 2**31 - 1))
 
 
 def trim(outputs: Any, samples: int) -> Any:

@@ -79,3 +79,15 @@ def frozen_variables(model: Any) -> set[int]:
     trained = {id(v) for v in model.trainable_variables}
     return {id(v) for layer in model._flatten_layers() if not layer.trainable
             for v in layer.variables if is_float(v.dtype) and id(v) not in trained}
+
+
+def builds_from_a_pass(model: Any) -> bool:
+    """Whether Keras's next `fit`, `evaluate` or `predict` of the model reads a batch of a
+    pass of its own to build it (`Trainer._symbolic_build`: a layer, the compiled metrics or
+    the compiled loss not built yet) before the call's own passes; that pass draws from the
+    notebook's random state where its input shuffles."""
+    if not all(layer.built for layer in model._flatten_layers()):
+        return True
+    return any(part is not None and not part.built
+               for part in (getattr(model, "_compile_metrics", None),
+                            getattr(model, "_compile_loss", None)))

@@ -101,9 +101,9 @@ class JaxBackend(Named):
     def group_seconds(self, model: Any, kind: str, batch: Any, steps: int) -> float | None:
         return device_loop.measured_group(model, kind, batch, steps)
 
-    def grouped_steps(self, model: Any, steps: int, sources: Mapping[str, Any] | None = None,
-                      lengths: Mapping[str, int] | None = None) -> Any:
-        return _call_steps(model, steps, dict(sources or {}), dict(lengths or {}))
+    def grouped_steps(self, model: Any, steps: int,
+                      sources: Mapping[str, Any] | None = None) -> Any:
+        return _call_steps(model, steps, dict(sources or {}))
 
     def replica_steps(self, model: Any, connection: Connection) -> Any:
         return replica_steps.replica_steps(model, connection)
@@ -204,9 +204,8 @@ BACKEND = JaxBackend()
 
 
 @contextlib.contextmanager
-def _call_steps(model: Any, steps: int, sources: dict[str, Any],
-                lengths: dict[str, int]) -> Iterator[None]:
+def _call_steps(model: Any, steps: int, sources: dict[str, Any]) -> Iterator[None]:
     """A call's steps: `steps` a dispatch (`device_loop.grouped`), and at any K the state
     Keras's loop hands back after each execution kept untracked (`handed_state`)."""
-    with handed_state.untracked(model), device_loop.grouped(model, steps, sources, lengths):
+    with handed_state.untracked(model), device_loop.grouped(model, steps, sources):
         yield

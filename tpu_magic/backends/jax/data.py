@@ -4,7 +4,10 @@ The same rules as `backends.tf.data` (tf.data, TensorFlow backend) without Tenso
 batch has exactly the global batch size, so `DataParallel` can split it over the
 devices (a smaller last batch fails: keras-team/keras#21167, ZeroDivisionError with
 fewer samples than devices). Padding is masked out of losses and metrics by `exactness`.
-Epoch `e`'s order depends only on (seed, e), so a resumed run sees the same order.
+A shuffled order is drawn as plain Keras's JAX trainer draws it (its `ArrayDataAdapter`):
+from NumPy's global generator, a permutation at the start of each pass (`shuffle=True`)
+or of each batch (`shuffle="batch"`), so the notebook's generator ends where plain Keras
+leaves it, and the order is plain Keras's.
 """
 
 from __future__ import annotations
@@ -15,21 +18,24 @@ from typing import Any, Callable
 import keras
 import numpy as np
 
-from tpu_magic.core.arrays import Pipeline, batch_shapes, new_seed, num_samples
+from tpu_magic.core.arrays import Pipeline, batch_shapes, num_samples
 from tpu_magic.core.batching import steps_for
 from tpu_magic.core.errors import BatchSizeError
 from tpu_magic.core.packed import MASK, REAL, WEIGHT
 
 
 class PaddedBatches(keras.utils.PyDataset):
-    """Batch `i` of the current epoch: indices into the arrays, -1 for padding.
+    """Batch `i` of the current pass: indices into the arrays, -1 for padding.
 
     Args:
         x, y, sample_weight: NumPy arrays or structures of them (`y`, `sample_weight` may
             be None).
         batch: the global batch.
-        shuffle: a new order each epoch (from `seed` and the epoch number).
-        first_epoch: the epoch `fit` starts at.
+        shuffle: Keras's `shuffle`: False, True (a new order each pass) or "batch" (each
+            batch's rows shuffled among themselves), drawn as plain Keras draws it.
+        build_pass: plain Keras would read one batch of a pass of its own to build the
+            model before the first (`core.steps.builds_from_a_pass`): its order is drawn
+            first, and left unused, so the later draws are plain Keras's.
         remainder: what becomes of the samples that do not fill the last batch: "pad"
             (padding, masked out by `exactness`), "short" (the last batch holds them alone
             and runs whole on every device, see `Backend.replica_steps`) or "drop" (left
@@ -41,35 +47,100 @@ class PaddedBatches(keras.utils.PyDataset):
         whole: every batch goes whole to every device (`WholeRows`): a small prediction,
             computed as one device computes it, to the bit.
 
-    With padding, batches carry `exactness`'s packed sample weight, as in `backends.tf.data`.
+    A pass starts where its reader reads batch 0 (Keras's iterator, or the device loop's
+    `group`); `upcoming` reads the next pass's first batches without starting it. With
+    padding, batches carry `exactness`'s packed sample weight, as in `backends.tf.data`.
     """
 
     def __init__(self, x: Any, y: Any = None, sample_weight: Any = None, *, batch: int,
-                 shuffle: bool = False, seed: int = 0, first_epoch: int = 0,
+                 shuffle: bool | str = False, build_pass: bool = False,
                  remainder: str = "pad", labelled: bool = True,
                  split: RowSplit | None = None, whole: bool = False):
         super().__init__()
         self.x, self.y, self.sample_weight, self.whole = x, y, sample_weight, whole
         self.split = split or RowSplit()
-        self.batch, self.shuffle, self.seed, self.labelled = batch, shuffle, seed, labelled
+        self.batch, self.shuffle, self.labelled = batch, shuffle, labelled
         self.samples = num_samples(x)
         drop = remainder == "drop"
         self.steps = steps_for(self.samples, batch, drop=drop)
         self.pad = self.steps * batch - self.samples if remainder == "pad" else 0
         self.left_out = self.samples - self.steps * batch if drop else 0
-        self.epoch = first_epoch
-        self.order = self._order()
+        self._unused_draws = int(bool(shuffle) and build_pass)  # the build pass's draw
+        self._next: _Pass | None = None  # the next pass, its order drawn ahead (`upcoming`)
+        self._pass = _Pass(self._padded(np.arange(self.samples)))
+        self._first: _Pass | None = None  # the first pass read (`first`)
 
-    def _order(self) -> np.ndarray:
-        order = (np.random.default_rng([self.seed, self.epoch]).permutation(self.samples)
-                 if self.shuffle else np.arange(self.samples))
+    # -- the order, drawn as plain Keras draws it ------------------------------------------
+
+    def _padded(self, order: np.ndarray) -> np.ndarray:
         return np.concatenate([order[:self.samples - self.left_out], np.full(self.pad, -1)])
+
+    def _drawn(self) -> "_Pass":
+        """The next pass: NumPy's global generator draws its order where plain Keras's
+        `shuffle=True` does (after the build pass's draw, left unused: a whole order, or
+        for `shuffle="batch"` its first batch's)."""
+        while self._unused_draws:
+            np.random.permutation(self.samples if self.shuffle is True
+                                  else min(self.batch, self.samples))
+            self._unused_draws -= 1
+        if self.shuffle is True:
+            return _Pass(self._padded(np.random.permutation(self.samples)))
+        return _Pass(self._padded(np.arange(self.samples)))
+
+    def build_pass_skipped(self) -> None:
+        """Keras built the model without reading a pass of its own (it was built, or given a
+        batch): the draw plain Keras's build pass makes is made now, when it would be."""
+        if self._unused_draws and self._next is None:
+            self._next = self._drawn()
+
+    def _start_pass(self) -> None:
+        self._pass = self._next if self._next is not None else self._drawn()
+        self._next = None
+        if self._first is None:
+            self._first = self._pass
+
+    def upcoming(self, k: int) -> list:
+        """The next pass's first `k` batches, as its reader will read them, without starting
+        it (a measured step's, the model's build)."""
+        if self._next is None:
+            self._next = self._drawn()
+        return [self._batch(i, self._next) for i in range(min(k, self.steps))]
+
+    def first(self, k: int) -> list:
+        """The first pass's first `k` batches as it was (or, before it, will be) read: the
+        first-step check's batches."""
+        if self._first is None:
+            return self.upcoming(k)
+        return [self._batch(i, self._first) for i in range(min(k, self.steps))]
+
+    def read_again(self, i: int) -> tuple:
+        """Batch `i` of the current pass read again, drawing nothing (its input cost, timed
+        after the fit: `training.fit.utilization`)."""
+        return self._batch(i, self._pass, draw=False)
+
+    def _rows(self, i: int, of: "_Pass | None" = None, draw: bool = True) -> np.ndarray:
+        """Batch `i`'s indices in its pass's order; `shuffle="batch"`: its real rows in an
+        order of their own, drawn when the batch is first read (as plain Keras draws it)."""
+        of = of or self._pass
+        index = of.order[i * self.batch:(i + 1) * self.batch]
+        if self.shuffle != "batch" or (not draw and i not in of.batches):
+            return index
+        if i not in of.batches:
+            real = index[index >= 0]
+            shuffled = np.random.permutation(len(real)) + int(real[0]) if len(real) else real
+            of.batches[i] = np.concatenate([shuffled, index[len(real):]])
+        return of.batches[i]
 
     def __len__(self) -> int:
         return self.steps
 
     def __getitem__(self, i: int) -> tuple:
-        index = self.order[i * self.batch:(i + 1) * self.batch]
+        if i == 0:
+            self._start_pass()
+        return self._batch(i)
+
+    def _batch(self, i: int, of: "_Pass | None" = None, draw: bool = True) -> tuple:
+        index = self._rows(i, of, draw)
         # a short batch, or every batch where asked: given whole to every process and device
         whole = self.whole or len(index) % self.split.rows != 0
         # the share of real rows in the whole batch, on every process (padding alone reads it)
@@ -83,18 +154,23 @@ class PaddedBatches(keras.utils.PyDataset):
         along a new first axis ((k, batch, ...) arrays), a short last one on its own, as
         (data, stacked). The same rows, padding and weights as `self[i]` each, in one
         process (several processes read a batch at a time)."""
+        if first == 0:
+            self._start_pass()
         stop = min(first + count, self.steps)
-        short = stop == self.steps and len(self.order) - (stop - 1) * self.batch < self.batch
+        short = stop == self.steps and \
+            len(self._pass.order) - (stop - 1) * self.batch < self.batch
         full = stop - first - int(short)
         found = []
         if full:
-            index = self.order[first * self.batch:(first + full) * self.batch]
-            index = index.reshape(full, self.batch)
+            index = np.stack([self._rows(i) for i in range(first, first + full)]) \
+                if self.shuffle == "batch" else \
+                self._pass.order[first * self.batch:(first + full) * self.batch].reshape(
+                    full, self.batch)
             share = np.mean(index >= 0, axis=1, keepdims=True).astype("float32")
             marked = (lambda v: v.view(WholeRows)) if self.whole else None
             found.append((self._gathered(index, share, marked), True))
         if short:
-            found.append((self[stop - 1], False))
+            found.append((self._batch(stop - 1), False))
         return found
 
     def _gathered(self, index: np.ndarray, share: Any, marked: Any = None) -> tuple:
@@ -125,25 +201,31 @@ class PaddedBatches(keras.utils.PyDataset):
             return picked + ({MASK: mask, WEIGHT: weight, REAL: real_share},)
         return picked if weight is None else picked + (weight,)
 
-    def on_epoch_end(self) -> None:
-        self.epoch += 1
-        if self.shuffle:
-            self.order = self._order()
 
 
-def train_pipeline(x: Any, y: Any, sample_weight: Any, batch: int, shuffle: bool,
+@dataclasses.dataclass
+class _Pass:
+    """One pass over the data: its order, and (`shuffle="batch"`) each batch's rows in the
+    order drawn for it."""
+
+    order: np.ndarray
+    batches: dict = dataclasses.field(default_factory=dict)
+
+
+def train_pipeline(x: Any, y: Any, sample_weight: Any, batch: int, shuffle: bool | str,
                    repeat: bool = True, seed: int | None = None, first_epoch: int = 0,
-                   strategy: Any = None, remainder: str = "pad") -> Pipeline:
-    """Shuffled whole batches for `fit`, the last one padded, short or left out (`remainder`).
+                   strategy: Any = None, remainder: str = "pad",
+                   build_pass: bool = False) -> Pipeline:
+    """Shuffled whole batches for `fit`, the last one padded, short or left out (`remainder`),
+    in plain Keras's order (`PaddedBatches`; `build_pass`: see there).
 
-    `repeat` and `strategy` are accepted for the same signature as `backends.tf.data.train_pipeline`:
-    Keras asks a PyDataset for each epoch's batches itself, and splits them over the devices.
+    `repeat`, `seed` and `first_epoch` are accepted for the same signature as
+    `backends.tf.data.train_pipeline`: Keras asks a PyDataset for each pass's batches
+    itself, and the order is drawn as plain Keras draws it, resumed or not.
     """
     data = PaddedBatches(x, y, sample_weight, batch=batch, shuffle=shuffle,
-                         seed=new_seed() if seed is None else seed, first_epoch=first_epoch,
-                         remainder=remainder, split=row_split(strategy))
-    def first(k: int) -> list:
-        return [data[i] for i in range(min(k, data.steps))]
+                         build_pass=build_pass, remainder=remainder, split=row_split(strategy))
+    first = data.first
 
     # a batch is a gather from the arrays: reading the first ones to tell their shapes is cheap
     return Pipeline(data, data.steps, data.samples, data.pad, left_out=data.left_out,

@@ -11,9 +11,11 @@ Keras's iterator placed are stacked on the devices. The scan's body is Keras's o
 step (`train_step`, `test_step`, `predict_step`), its carry the same state Keras carries
 (weights, optimizer slots, metrics, the random generators' seeds, BatchNorm statistics), so
 K scanned steps compute what K single steps compute, and the logs are the last step's, as
-Keras's own `steps_per_execution` gives them. A group whose batches differ in shape (a short
-last batch) runs each different batch as one step of its own. On the CPU a short group
-runs unrolled, and a convolving model's groups stay short (`_unrolled`, `_loop_bound`).
+Keras's own `steps_per_execution` gives them. Each execution reads the steps one step an
+execution would read there (`epoch_reads`: K, or fewer where the epoch or the pass ends). A
+group whose batches differ in shape (a short last batch) runs each different batch as one
+step of its own. On the CPU a short group runs unrolled, and a convolving model's groups
+stay short (`_unrolled`, `_loop_bound`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import contextlib
 import functools
 from typing import Any, Callable, Iterator
 
+from tpu_magic.backends.jax.epoch_reads import COUNTED, Reads
 from tpu_magic.core.deps import require_jax
 from tpu_magic.core.overrides import overridden
 from tpu_magic.core.steps import TRACED, batch_signature, state_groups
@@ -31,23 +34,20 @@ CPU_UNROLLED = 8  # on the CPU, a group of at most this many steps runs unrolled
 
 
 @contextlib.contextmanager
-def grouped(model: Any, steps: int, sources: dict[str, Any] | None = None,
-            lengths: dict[str, int] | None = None) -> Iterator[None]:
+def grouped(model: Any, steps: int, sources: dict[str, Any] | None = None) -> Iterator[None]:
     """While a call runs: `steps` steps a dispatch for the model's train, test and predict
     functions (see the module's docstring). `sources`: tpu_magic's own pipelines by role
     ("train", "test", "predict"), read a group at a time where Keras would read a batch
-    (`PaddedBatches.group`); `lengths`: the steps of a pass by role, where known (an
-    execution never reads past its pass: a dataset may go on into the next). One step a
-    dispatch (`steps` 1), or a model Keras runs eagerly or without XLA: Keras's own
-    functions, untouched."""
+    (`PaddedBatches.group`). One step a dispatch (`steps` 1), or a model Keras runs eagerly
+    or without XLA: Keras's own functions, untouched."""
     if steps <= 1 or model.run_eagerly or not model.jit_compile:
         yield
         return
     loop = _loop_of(model)
     # several processes read a batch at a time, each its own rows (Keras's iterator)
     loop.k, loop.sources = steps, dict(sources or {}) if _one_process() else {}
-    loop.lengths = {kind: n for kind, n in (lengths or {}).items() if n}
     with contextlib.ExitStack() as stack:
+        stack.enter_context(COUNTED.during())
         for kind in ("train", "test", "predict"):
             stack.enter_context(overridden(model, f"make_{kind}_function",
                                            loop.maker(kind)))
@@ -218,14 +218,12 @@ class Loop:
         self.state: tuple | None = None  # the state its programs take, once one is compiled
         self.k = 1
         self.sources: dict[str, Any] = {}
-        self.lengths: dict[str, int] = {}
         self._programs: dict[tuple, Callable[..., Any]] = {}
-        self._reading: dict[str, tuple[Any, int]] = {}  # kind -> (iterator, steps read)
         self.measured: dict[tuple, tuple] = {}  # (kind, batch type) -> a step's times
         self.timed_groups: dict[tuple, float] = {}  # (kind, batch type, K) -> seconds a step
         self._layouts: dict[str, tuple | None] = {}  # kind -> each state value's layout
         self._last: dict[str, Any] = {}  # kind -> the state its last execution returned
-        self._ahead: dict[str, tuple] = {}  # kind -> (iterator, first step, staged groups)
+        self._ahead: dict[str, tuple] = {}  # kind -> (pass, first step, staged groups)
 
     def maker(self, kind: str) -> Callable[..., Any]:
         function = {"train": self.train, "test": self.test, "predict": self.predict}[kind]
@@ -250,7 +248,7 @@ class Loop:
         for group in self._groups("predict", iterator):
             out, state = self._program("predict", group)(state, group.data)
             outputs.append(out if group.single else _unstacked(out))
-        self._stage("predict")
+        self._stage("predict", iterator)
         self._last["predict"] = state
         return _joined(outputs), state
 
@@ -259,7 +257,7 @@ class Loop:
         state = self._laid_out(kind, state)
         for group in self._groups(kind, iterator):
             logs, state = self._program(kind, group)(state, group.data)
-        self._stage(kind)
+        self._stage(kind, iterator)
         self._last[kind] = state
         return logs, state
 
@@ -292,42 +290,41 @@ class Loop:
     # -- reading an execution's batches -------------------------------------------------------
 
     def _groups(self, kind: str, iterator: Any) -> list["Group"]:
-        """The execution's batches (at most K; StopIteration where there is none), as groups
-        of consecutive batches of one type: each a stack, or a batch run on its own. From
-        tpu_magic's own pipeline, gathered a group at a time without Keras's iterator (which
-        then reads nothing: a new pass is a new iterator, and starts again at batch 0)."""
-        seen, done = self._reading.get(kind, (None, 0))
-        if seen is not iterator:  # a new pass over the input
-            done = 0
-        source = self.sources.get(kind)
-        if source is not None:
-            if done >= len(source):
-                raise StopIteration
-            ahead = self._ahead.pop(kind, None)
-            groups = ahead[2] if ahead is not None and ahead[:2] == (iterator, done) \
-                else self._read(source, done)
-        else:
-            length = self.lengths.get(kind)
-            groups = _alike(_taken(iterator, min(self.k, length - done % length)
-                                   if length else self.k))
-        self._reading[kind] = (iterator, done + sum(len(group) for group in groups))
+        """The execution's batches (its steps: `Reads.limit`; StopIteration where there is
+        none), as groups of consecutive batches of one type: each a stack, or a batch run on
+        its own. From tpu_magic's own pipeline, gathered a group at a time without Keras's
+        iterator, which then reads nothing (each pass is a new `Reads`, from batch 0)."""
+        limit = iterator.limit if isinstance(iterator, Reads) else self.k
+        source = self.sources.get(kind) if isinstance(iterator, Reads) else None
+        if source is None:
+            return _alike(_taken(iterator, limit))
+        done = iterator.done
+        if done >= len(source):
+            raise StopIteration
+        steps = min(limit, len(source) - done)
+        ahead = self._ahead.pop(kind, None)
+        groups = ahead[2] if ahead is not None and ahead[:2] == (iterator, done) and \
+            sum(len(group) for group in ahead[2]) == steps else self._read(source, done, steps)
+        iterator.took(steps)
         return groups
 
-    def _read(self, source: Any, done: int) -> list["Group"]:
-        """The next execution's batches from tpu_magic's own pipeline, put on the devices."""
+    def _read(self, source: Any, done: int, steps: int) -> list["Group"]:
+        """`steps` batches from tpu_magic's own pipeline, from its `done`th, on the devices."""
         return [Group.gathered(data) if stacked else Group.one(data)
-                for data, stacked in source.group(done, min(self.k, len(source) - done))]
+                for data, stacked in source.group(done, steps)]
 
-    def _stage(self, kind: str) -> None:
+    def _stage(self, kind: str, iterator: Any) -> None:
         """The next execution's batches of this pass read and on their way to the devices
         while the device runs the one just dispatched (the host's reading and the transfer
-        overlap the device's steps); only within the pass, whose order is fixed."""
+        overlap the device's steps); only within the pass, whose order is fixed, and as
+        many as an execution reads (K, or the rest of the pass)."""
         source = self.sources.get(kind)
-        if source is None:
+        if source is None or not isinstance(iterator, Reads):
             return
-        iterator, done = self._reading[kind]
+        done = iterator.done
         if done < len(source):
-            self._ahead[kind] = (iterator, done, self._read(source, done))
+            self._ahead[kind] = (iterator, done,
+                                 self._read(source, done, min(self.k, len(source) - done)))
 
     def finished(self) -> None:
         """The call ended: what it staged and the state it last returned are let go."""

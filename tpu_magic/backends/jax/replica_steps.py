@@ -6,25 +6,26 @@ arrays): its losses and gradients are one device's already."""
 from __future__ import annotations
 
 import contextlib
-import threading
 from typing import Any, Callable, Iterator
 
-from tpu_magic.backends.jax import step_types
+from tpu_magic.backends.jax import build_pass, step_types
 from tpu_magic.core.deps import require_jax
-from tpu_magic.core.overrides import overridden
+from tpu_magic.core.overrides import ProcessSwap, overridden
 from tpu_magic.core.session import Connection
 from tpu_magic.core.steps import state_groups
 
 
 @contextlib.contextmanager
 def replica_steps(model: Any, connection: Connection) -> Iterator[None]:
-    """The context the model's steps run in: ragged batches go whole to every device, and
-    one compiled step serves every fit (`step_types`). Across processes (several hosts) each
+    """The context the model's steps run in: ragged batches go whole to every device, one
+    compiled step serves every fit (`step_types`), and a model is built without a pass of
+    tpu_magic's own pipeline (`build_pass`). Across processes (several hosts) each
     holds only its rows of a prediction, which Keras cannot read back: there the outputs are
     gathered onto every device inside the step."""
     with contextlib.ExitStack() as stack:
         stack.enter_context(_values_kept(model))
-        stack.enter_context(_ragged_batches_whole())
+        stack.enter_context(build_pass.from_upcoming_batches(model))
+        stack.enter_context(_RAGGED_BATCHES_WHOLE.during())
         stack.enter_context(step_types.one_program(model))
         if require_jax().process_count() > 1:
             stack.enter_context(_outputs_gathered(model, connection.strategy))
@@ -84,11 +85,6 @@ def _outputs_gathered(model: Any, distribution: Any) -> Iterator[None]:
         model.predict_function = None
 
 
-_ragged_lock = threading.Lock()
-_ragged_entries = 0  # how many tpu_magic calls are inside `_ragged_batches_whole`
-_keras_distribute_data_input: Any = None  # Keras's own, while they are
-
-
 def _whole_where_indivisible(keras_own: Callable[..., Any]) -> Callable[..., Any]:
     """Keras's `distribute_data_input`, except that a batch the layout's axes do not divide
     goes to every device whole (replicated) instead of failing."""
@@ -122,27 +118,16 @@ def _divides(sharding: Any, shape: tuple) -> bool:
     return True
 
 
-@contextlib.contextmanager
-def _ragged_batches_whole() -> Iterator[None]:
-    """While tpu_magic runs a model's steps: a batch the mesh's data rows do not divide (the
-    last, short batch of a model whose loss cannot be masked, a dataset's short batch,
-    `train_on_batch` of 12 rows on 8 devices) is given to every device whole, where Keras
-    would fail (jax IndivisibleError). Each device then computes the whole batch: one
-    device's computation exactly, repeated. Process-wide while any call is inside, counted
-    under a lock: the first entry saves Keras's function, the last exit puts it back."""
-    global _ragged_entries, _keras_distribute_data_input
+def _distribution_lib() -> Any:
     from keras.src.backend.jax import distribution_lib
 
-    with _ragged_lock:
-        if _ragged_entries == 0:
-            _keras_distribute_data_input = distribution_lib.distribute_data_input
-            distribution_lib.distribute_data_input = _whole_where_indivisible(
-                _keras_distribute_data_input)
-        _ragged_entries += 1
-    try:
-        yield
-    finally:
-        with _ragged_lock:
-            _ragged_entries -= 1
-            if _ragged_entries == 0:
-                distribution_lib.distribute_data_input = _keras_distribute_data_input
+    return distribution_lib
+
+
+# While tpu_magic runs a model's steps: a batch the mesh's data rows do not divide (the last,
+# short batch of a model whose loss cannot be masked, a dataset's short batch,
+# `train_on_batch` of 12 rows on 8 devices) is given to every device whole, where Keras
+# would fail (jax IndivisibleError). Each device then computes the whole batch: one
+# device's computation exactly, repeated. Process-wide while any call is inside.
+_RAGGED_BATCHES_WHOLE = ProcessSwap(_distribution_lib, "distribute_data_input",
+                                    _whole_where_indivisible)

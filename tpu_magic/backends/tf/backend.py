@@ -91,8 +91,8 @@ class TensorFlowBackend(Named):
     def group_seconds(self, model: Any, kind: str, batch: Any, steps: int) -> float | None:
         return None  # `step_times` timed Keras's own loop of several steps already
 
-    def grouped_steps(self, model: Any, steps: int, sources: Mapping[str, Any] | None = None,
-                      lengths: Mapping[str, int] | None = None) -> Any:
+    def grouped_steps(self, model: Any, steps: int,
+                      sources: Mapping[str, Any] | None = None) -> Any:
         return executions.keras_steps(model, steps)  # Keras's own loop, at `steps`
 
     def jit_compile_note(self, connection: Connection, model: Any) -> str | None:

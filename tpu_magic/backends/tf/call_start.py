@@ -8,7 +8,10 @@ still unbuilt. The iterator is then dropped and the call starts it again. Once a
 those are built, `_symbolic_build` does nothing with the batch, and drawing it is all
 cost (an iterator's start, a global batch read and averaged, at every later `fit`).
 While tpu_magic runs a model's calls the model skips it where everything is built, and
-draws it, as Keras does, where anything is not. A model made outside every strategy never
+draws it, as Keras does, where anything is not; it then builds from replica 0's part of
+that batch (only its shapes are read), where Keras's average of the parts fails on a batch
+the replicas do not split evenly (a generator's batch of 29 on 8 replicas: AddN's "must
+have the same size and shape"). A model made outside every strategy never
 draws it (Keras's own rule), so plain Keras on one device, the reference, is unchanged.
 An input that counts Keras's passes over it (a `PyDataset` made whole,
 `keras_inputs.WholeBatches`, whose first two passes share one tape) is told the build pass
@@ -33,8 +36,14 @@ def without_build_batch(model: Any) -> Iterator[None]:
     keras_own = getattr(model, _HOOK)
 
     def maybe_symbolic_build(iterator: Any = None, data_batch: Any = None) -> None:
-        if getattr(model, "_distribute_strategy", None) is None or not built(model):
+        strategy = getattr(model, "_distribute_strategy", None)
+        if strategy is None:
             keras_own(iterator=iterator, data_batch=data_batch)
+            return
+        if not built(model):
+            if data_batch is None and iterator is not None:
+                data_batch = _first_part(strategy, iterator)
+            keras_own(data_batch=data_batch)
             return
         # an input that counts its passes (a `PyDataset` made whole) is told none was read
         skipped = getattr(getattr(iterator, "data_adapter", None), "build_pass_skipped", None)
@@ -46,6 +55,19 @@ def without_build_batch(model: Any) -> Iterator[None]:
         yield
     finally:
         model.__dict__.pop(_HOOK, None)
+
+
+def _first_part(strategy: Any, iterator: Any) -> Any:
+    """The first batch Keras's iterator gives, as Keras's `_maybe_symbolic_build` reads it,
+    each distributed value's replica 0 part (the shapes the model is built from)."""
+    import keras
+    import tensorflow as tf
+
+    for _, _, batches in iterator:
+        return keras.tree.map_structure(
+            lambda v: strategy.experimental_local_results(v)[0]
+            if isinstance(v, tf.distribute.DistributedValues) else v, next(batches))
+    return None
 
 
 def built(model: Any) -> bool:

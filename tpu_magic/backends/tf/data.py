@@ -17,8 +17,9 @@ import keras
 import tensorflow as tf
 from tensorflow.python.distribute import distribute_utils, input_lib
 
-from tpu_magic.core.arrays import Pipeline, new_seed, num_samples
+from tpu_magic.core.arrays import Pipeline, num_samples
 from tpu_magic.core.batching import steps_for
+from tpu_magic.core.random_state import order_seed
 from tpu_magic.core.packed import MASK, REAL, WEIGHT
 
 _PARALLEL_LOADS = max(2, min(8, os.cpu_count() or 2))
@@ -43,7 +44,7 @@ def _index_batches(samples: int, batch: int, shuffle: bool, repeat: bool, seed: 
     if shuffle and repeat:
         # Epoch e's order depends only on (seed, e): a run resumed at epoch e sees the
         # same order as the run it continues.
-        seed_tensor = tf.constant(new_seed() if seed is None else seed, tf.int64)
+        seed_tensor = tf.constant(order_seed() if seed is None else seed, tf.int64)
         padding = tf.fill([pad], tf.constant(-1, tf.int64))
 
         def epoch_order(epoch):
@@ -227,9 +228,10 @@ def _packed(mask: tf.Tensor, weight: tf.Tensor | None, share: tf.Tensor | None =
             REAL: tf.fill(tf.shape(mask), share)}
 
 
-def train_pipeline(x: Any, y: Any, sample_weight: Any, batch: int, shuffle: bool,
+def train_pipeline(x: Any, y: Any, sample_weight: Any, batch: int, shuffle: bool | str,
                    repeat: bool = True, seed: int | None = None, first_epoch: int = 0,
-                   strategy: Any = None, remainder: str = "pad") -> Pipeline:
+                   strategy: Any = None, remainder: str = "pad",
+                   build_pass: bool = False) -> Pipeline:
     """Shuffled whole batches for `fit`: the last one padded (see `exactness`), or with
     `remainder="drop"` (no padding may reach the model's loss) the remainder of each epoch's
     order left out: replicas need equal shares.
@@ -239,10 +241,14 @@ def train_pipeline(x: Any, y: Any, sample_weight: Any, batch: int, shuffle: bool
     whole executions of K steps on an endless dataset and so overshoots the epoch).
     With `repeat`, the order of epoch `e` follows from `seed` and `e` alone
     (`first_epoch` is the epoch `fit` starts at). Under a MirroredStrategy the result is
-    already distributed (see `_distributed`).
+    already distributed (see `_distributed`). The order is tf.data's, drawn from `seed`
+    (`core.random_state.order_seed` where None): like plain Keras's shuffle on TensorFlow (a
+    graph-level seed), it draws nothing from the notebook's generators, so `build_pass`
+    changes nothing here; `shuffle="batch"` shuffles whole passes.
     """
     samples = num_samples(x)
-    seed = new_seed() if seed is None else seed  # every replica's pipeline needs the same order
+    shuffle = bool(shuffle)
+    seed = order_seed() if seed is None else seed  # every replica's pipeline needs the same order
     indices, steps, pad = _index_batches(samples, batch, shuffle, repeat=repeat, seed=seed,
                                          first_epoch=first_epoch, drop=_drops(remainder))
     load = _labelled_loader(x, y, sample_weight, pad)

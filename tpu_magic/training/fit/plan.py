@@ -13,9 +13,10 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
-from tpu_magic.core import arrays
+from tpu_magic.core import random_state
 from tpu_magic.core.batching import BatchPlan, plan_batches
 from tpu_magic.core.errors import MemoryPlanError
+from tpu_magic.core.steps import builds_from_a_pass
 from tpu_magic.training.inputs import planning
 from tpu_magic.training.placement.place import Owners, Placement, settle
 from tpu_magic.training.request import TrainRequest
@@ -33,7 +34,11 @@ class FitPlan:
         batch: the batch over the placement's data rows (a batch of 0: a dataset's own,
             told once the input is built or read: `told`).
         placement: the connection and mesh it trains on, settled.
-        seed: the data order's seed (a resumed fit's is its checkpoint's).
+        seed: the data order's seed where tpu_magic shuffles itself (a resumed fit's is its
+            checkpoint's; drawn from nothing: `random_state.order_seed`).
+        build_pass: plain Keras would read a batch of a pass of its own to build the model
+            first (`core.steps.builds_from_a_pass`, as the fit began): a pipeline that
+            shuffles as plain Keras does draws that pass's order too.
         resume_from: the checkpoint it continues from (None: the start).
         steps: the steps an execution (`fit.steps.Steps`), chosen once the inputs are built
             (`fit.run.ready`; None before).
@@ -48,6 +53,7 @@ class FitPlan:
     batch: BatchPlan
     placement: Placement
     seed: int
+    build_pass: bool = False
     resume_from: Any = None
     steps: Any = None
     first: Callable[[], Any] = lambda: None
@@ -95,6 +101,7 @@ def plan_fit(request: TrainRequest, placement: Placement, model: Any,
         MemoryPlanError: the step will not fit a device.
         CheckpointError: `--resume` finds no checkpoint that reads back.
     """
+    build_pass = builds_from_a_pass(model)  # before tpu_magic builds anything of it
     call = dict(call)
     if "epochs" not in named and request.epochs is not None:
         call["epochs"] = request.epochs
@@ -106,11 +113,11 @@ def plan_fit(request: TrainRequest, placement: Placement, model: Any,
     if settled.connection is not placement.connection:  # --shard auto laid out a mesh
         batch = _batch(request, settled, model, call, named, label, note)
     resume_from = None if resume is None else resume(model, call["epochs"], settled.connection)
-    seed = arrays.new_seed() if resume_from is None else resume_from.seed
+    seed = random_state.order_seed() if resume_from is None else resume_from.seed
     if resume_from is not None:
         call["initial_epoch"] = resume_from.epoch
     return FitPlan(model, MappingProxyType(call), frozenset(named), batch, settled, seed,
-                   resume_from)
+                   build_pass, resume_from)
 
 
 def _settled(placement: Placement, request: TrainRequest, model: Any,

@@ -189,7 +189,7 @@ def run_fit(plan: FitPlan, built: Built, hooks: FitHooks, measures: Measures) ->
     if hooks.quiet:
         call["verbose"] = 0
     compiled_before = connection.backend.compile_counts()
-    with connection.backend.grouped_steps(model, plan.steps.k, built.own, built.lengths()):
+    with connection.backend.grouped_steps(model, plan.steps.k, built.own):
         history, ctrl_c, failure = _keras_fit(model, call, plan.named, hooks.progress,
                                               connection.strategy)
     stopped = hooks.stop_event is not None and hooks.stop_event.is_set()

@@ -128,14 +128,15 @@ def input_need(dataset: Any, step_seconds: float | None, known: float | None = N
             drawn = PROBE_BATCHES
         elif hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__") and \
                 not isinstance(dataset, (list, tuple, dict)) and not hasattr(dataset, "shape"):
-            count = len(dataset)  # a PyDataset
+            count = len(dataset)  # a PyDataset: tpu_magic's own reads without a new pass
             if not count:
                 return None
-            dataset[0]
+            read = getattr(dataset, "read_again", dataset.__getitem__)
+            read(0)
             drawn = min(PROBE_BATCHES, count)
             start = time.perf_counter()
             for i in range(drawn):
-                dataset[i % count]
+                read(i % count)
         else:
             return None
     except StopIteration:

@@ -49,17 +49,6 @@ class Built:
             known before Keras reads the input).
     """
 
-    def lengths(self) -> Mapping[str, int]:
-        """The steps of a pass by role, where the built call tells them ("train": fit's,
-        "test": its validation's or evaluate's, "predict")."""
-        call = self.call
-        found = {"train": call.get("steps_per_epoch") or _batches(call.get("x")),
-                 "test": call.get("validation_steps") or _batches(call.get("validation_data")),
-                 "predict": call.get("steps") or _batches(call.get("x"))}
-        if "validation_data" not in call:  # evaluate's own call
-            found["test"] = call.get("steps") or _batches(call.get("x"))
-        return {kind: n for kind, n in found.items() if n}
-
     call: Mapping[str, Any]
     batch: int = 0
     first: Callable[[int], list] | None = None
@@ -147,12 +136,15 @@ class Inputs:
                                                     self._masked(model))[0]
         return None
 
-    def for_fit(self, model: Any, call: Mapping[str, Any], plan: BatchPlan, seed: int) -> Built:
-        """`fit`'s x/y/weights and validation data as whole batches."""
+    def for_fit(self, model: Any, call: Mapping[str, Any], plan: BatchPlan, seed: int,
+                build_pass: bool = False) -> Built:
+        """`fit`'s x/y/weights and validation data as whole batches (`seed`, `build_pass`:
+        the order's, see `FitPlan`)."""
         call = dict(call)
         x, y = call["x"], call["y"]
         if _arrays(x, y):
-            return self._validation(model, self._fit_arrays(model, call, plan, seed), plan)
+            return self._validation(
+                model, self._fit_arrays(model, call, plan, seed, build_pass), plan)
         if planning.batched_input(x):
             call["x"], applied = self.batched(
                 model, x, batch=plan.global_batch or None, shuffle=bool(call.get("shuffle")),
@@ -170,7 +162,7 @@ class Inputs:
         return self._validation(model, Built(call, plan.global_batch), plan)
 
     def _fit_arrays(self, model: Any, call: Mapping[str, Any], plan: BatchPlan,
-                    seed: int) -> Built:
+                    seed: int, build_pass: bool) -> Built:
         call = dict(call)
         x, y, weights = call["x"], call["y"], call["sample_weight"]
         split = call.get("validation_split") or 0.0
@@ -186,20 +178,23 @@ class Inputs:
         batch, remainder = self.cut(plan, model, arrays.num_samples(x), y is not None)
         endless = self.connection.backend.repeats_input(
             model.steps_per_execution, call.get("steps_per_epoch") is not None)
-        shuffle = bool(call.get("shuffle", True))
+        shuffle = call.get("shuffle", True)
+        shuffle = shuffle if shuffle == "batch" else bool(shuffle)
         train = self.data.train_pipeline(
             x, y, weights, batch, shuffle=shuffle, repeat=endless, seed=seed,
             first_epoch=call.get("initial_epoch") or 0, strategy=self.connection.strategy,
-            remainder=remainder)
+            remainder=remainder, build_pass=build_pass)
         key = repr((type(train.dataset).__name__, arrays.rows_spec((x, y, weights)),
                     train.samples, batch, self.connection.replicas, shuffle, endless))
+        named_steps = call.get("steps_per_epoch")
         call.update(x=train.dataset, y=None, sample_weight=None, batch_size=None,
-                    shuffle=False, steps_per_epoch=call.get("steps_per_epoch")
+                    shuffle=False, steps_per_epoch=named_steps
                     or (train.steps if endless else None))
-        own = {} if call.get("steps_per_epoch") else {"train": train.dataset}
+        own = {} if named_steps else {"train": train.dataset}
         full = train.samples // batch if remainder == "short" else train.steps
         return Built(call, batch, train.first, train.shapes, train.dataset, key,
-                     _counted("fit", train), own=own, epoch_steps=full)
+                     _counted("fit", train), own=own,
+                     epoch_steps=min(full, named_steps) if named_steps else full)
 
     def _validation(self, model: Any, built: Built, plan: BatchPlan) -> Built:
         """`built` with fit's validation data as whole batches too."""
@@ -295,19 +290,6 @@ def _arrays(x: Any, y: Any) -> bool:
 
 def _counted(what: str, pipeline: arrays.Pipeline) -> Mapping[str, int]:
     return MappingProxyType({what: pipeline.left_out} if pipeline.left_out else {})
-
-
-def _batches(data: Any) -> int | None:
-    """Batches of one pass of a built input, where it says (a `PyDataset`'s length, an
-    adapter's `num_batches`), without reading it."""
-    count = getattr(data, "num_batches", None)
-    if isinstance(count, int):
-        return count
-    try:
-        return len(data) if hasattr(data, "__getitem__") and not isinstance(
-            data, (tuple, list, dict)) else None
-    except TypeError:
-        return None
 
 
 def given_batch_size(data: Any) -> int:

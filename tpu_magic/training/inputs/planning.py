@@ -205,8 +205,12 @@ def check_samples(method: str, call: Mapping[str, Any]) -> None:
 
 
 def validation_plan(call: Mapping[str, Any], plan: BatchPlan, model: Any, connection: Any) -> BatchPlan:
-    """The batch of `fit`'s validation pass: its own, else the training batch."""
+    """The batch of `fit`'s validation pass: its own, else the training batch, else (a
+    dataset's fit, whose batch is its own) what plain Keras's `evaluate` takes: its default."""
     batch = call.get("validation_batch_size") or plan.global_batch
+    if not batch:
+        return choose_batch("evaluate", {}, set(), connection, None,
+                            static_per_replica(model, connection))
     return plan_batches(batch, connection.replicas, what="validation_batch_size",
                         static_per_replica=plan.per_replica if static_batch(model) else None)
 
