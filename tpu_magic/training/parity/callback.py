@@ -166,18 +166,19 @@ class FirstStep(keras.callbacks.Callback):
         replica computing the whole batch. Where that agrees with one device, the fit goes
         on so (and the callbacks after this one see its logs); otherwise the split steps'
         state is put back."""
-        start = time.perf_counter()
-        whole = self._whole()
-        if whole is None:
-            return parity
+        start, whole = time.perf_counter(), None
         try:
+            whole = self._whole()
+            if whole is None:
+                return parity
             ours, after = whole.rerun(self._before, steps)
             compared = compare(self._before, after, theirs, _pythonic(ours), their_logs, steps,
                                self._tolerance, time.perf_counter() - start, self._likely,
                                parity.setup)
         except Exception:  # noqa: BLE001 - the check must never break the cell
-            with contextlib.suppress(Exception):
-                whole.undo()
+            if whole is not None:
+                with contextlib.suppress(Exception):
+                    whole.undo()
             return parity
         if not compared.agrees:
             whole.undo()
