@@ -1,7 +1,10 @@
 """The first-step parity check on TensorFlow replicas (MirroredStrategy over 8 logical CPUs):
-three kinds of silent difference caught, named and left alone, and silence on the paths
-that are exact. The JAX side is in jax_backend/test_as_plain_keras.py."""
+three kinds of silent difference caught and named (a loss over the whole batch then run
+with every replica computing the whole batch, where that agrees with one device; the others
+left alone), and silence on the paths that are exact. The JAX side is in
+jax_backend/test_as_plain_keras.py."""
 
+import numpy as np
 import pytest
 from support.cells import train
 
@@ -59,15 +62,22 @@ model.fit(x, y, batch_size=64, epochs=1, verbose=0)
                                     "one device (random layers such as Dropout are off")
 
 
-def test_a_batch_level_loss_is_caught_in_the_training_step(sim8, capsys):
-    parity = _warned(sim8, ROWS + CONTRASTIVE + """
+def test_a_batch_level_loss_is_caught_in_the_training_step_and_run_whole(sim8, capsys):
+    # caught, and run again with every replica computing the whole batch, which agrees:
+    # the fit goes on so, said in a note (test_losses_over_the_batch.py: against plain Keras)
+    report = train(sim8, ROWS + CONTRASTIVE + """
 inputs = keras.Input((8,))
 model = keras.Model(inputs, keras.layers.Dense(8)(keras.layers.Dense(16, activation="relu")(inputs)))
 model.compile(keras.optimizers.SGD(0.1), loss=SupervisedContrastiveLoss())
 model.fit(x, y, batch_size=64, epochs=1, verbose=0)
-""", capsys)
-    assert not parity.inference
+""")
+    out, parity = capsys.readouterr().out, report.parity
+    assert not parity.agrees and not parity.inference and parity.whole_batch, parity
     assert parity.likely.startswith("a loss"), parity.likely
+    assert parity.warning() is None and "warning: the first" not in out, out
+    assert f"note: {parity.note()}" in out, out
+    assert parity.line().startswith("first step DIFFERS from one device split over the "
+                                    "replicas"), parity.line()
 
 
 def test_per_replica_batchnorm_statistics_are_caught(sim8, capsys):
@@ -118,8 +128,17 @@ def test_a_custom_steps_loss_scaled_by_the_replicas_is_caught_with_the_fix_off(
 
     monkeypatch.setattr(TensorFlowBackend, "replica_steps",
                         lambda self, model, connection: contextlib.nullcontext())
-    parity = _warned(sim8, ROWS + CUSTOM_STEP, capsys)
+    seeded = ROWS + "keras.utils.set_random_seed(0)\n" + CUSTOM_STEP
+    parity = _warned(sim8, seeded, capsys)
     assert parity.likely.startswith("loss scaling: the logged loss is 0.125x"), parity.likely
+    # every replica computing the whole batch divides it by 8 too: undone, said, and the
+    # fit went on from the split step's state, as without the check
+    assert parity.whole is not None and not parity.whole.agrees and not parity.whole_batch
+    assert "Every replica computing the whole batch differs too" in parity.warning()
+    undone = sim8.user_ns["model"].get_weights()
+    train(sim8, seeded, "--no-progress --verify off")
+    for checked, unchecked in zip(undone, sim8.user_ns["model"].get_weights()):
+        np.testing.assert_allclose(checked, unchecked, atol=1e-6)
 
 
 def test_silent_on_the_exact_paths(sim8, capsys):

@@ -45,3 +45,17 @@ def test_each_shell_has_its_own_workspace():
 
     one, two = Shell(), Shell()
     assert workspace_of(one) is workspace_of(one) and workspace_of(one) is not workspace_of(two)
+
+
+def test_a_report_keeps_what_its_first_step_comparison_remembers():
+    # `parity.compare.Parity.remembered`: the setup, marked where only every replica
+    # computing the whole batch agreed; None (nothing kept) where nothing agreed
+    class Report:
+        def __init__(self, remembered):
+            self.parity = type("Compared", (), {"remembered": remembered})()
+
+    workspace = Workspace()
+    for remembered in ("a", "whole batch b", None):
+        workspace.reported(Report(remembered))
+    workspace.reported(type("NoParity", (), {"parity": None})())
+    assert workspace.agreed == {"a", "whole batch b"}

@@ -216,6 +216,13 @@ class Backend(Protocol):
         """The metrics over the whole batch after a step (a callback's `logs` may hold one
         replica's own, as on TensorFlow replicas)."""
 
+    def whole_batch(self, model: Any, call: Mapping[str, Any]) -> Any:
+        """The means to run a fit (`call`: its inputs as built) with every replica computing
+        the whole global batch, as one device does: for a model whose losses the replicas
+        cannot split (an object with `start`, `rerun`, `keep`, `undo` and `close`, as
+        `tf/whole_batch.WholeBatch`). None where a step sees the global batch already (JAX)
+        or the fit's inputs cannot be given whole."""
+
     def distributed_inference(self, model: Any, batch: Any) -> "dict | None":
         """`batch`'s logs in inference mode (random layers off) as the model's replicas
         compute them, leaving its metrics as they were: the parity check of a model whose

@@ -36,7 +36,9 @@ class Workspace:
     connection: Any = None  # the connection the rest belongs to
     check: Any = None  # the last `--check` on this connection (a `check.DeviceCheck`)
     report: Any = None  # the last `%%tpu_train` cell's `TrainReport` (also when it was interrupted)
-    # first-step setups that agreed with one device (`training.parity.compare.setup_key`)
+    # first-step setups that agreed with one device (`training.parity.compare.setup_key`):
+    # split over the replicas, or (marked `compare.WHOLE_BATCH`) with every replica computing
+    # the whole batch, as their later fits then run (`compare.Parity.remembered`)
     agreed: set = field(default_factory=set)
     # a batch's input seconds of tpu_magic's own pipelines, by key (`utilization.input_need`),
     # for this connection
@@ -84,11 +86,12 @@ class Workspace:
 
     def reported(self, report: Any) -> None:
         """A cell's or a job's report: kept, and a first step that agreed with one device
-        is not compared again for the same setup."""
+        (split over the replicas, or with every replica computing the whole batch) is not
+        compared again for the same setup."""
         self.report = report
-        parity = getattr(report, "parity", None)
-        if parity is not None and getattr(parity, "setup", "") and parity.agrees:
-            self.agreed.add(parity.setup)
+        remembered = getattr(getattr(report, "parity", None), "remembered", None)
+        if remembered:
+            self.agreed.add(remembered)
         used = getattr(report, "utilization", None)
         if used is not None and used.input_measured:
             self.inputs_measured.update([used.input_measured])

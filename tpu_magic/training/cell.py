@@ -38,7 +38,7 @@ from tpu_magic.training.models import precision
 from tpu_magic.training.models.rewrap import (built_for, built_outside, custom_objects_from,
                                               place_model, rewrap_for_cell)
 from tpu_magic.training.models.setup import prepare, settle_traced_state
-from tpu_magic.training.parity.check import checks, first_step_check
+from tpu_magic.training.parity.check import checks, fit_checks
 from tpu_magic.training.placement import place as placement
 from tpu_magic.training.placement import sharding
 from tpu_magic.training.report import CellRecord, TrainReport
@@ -291,6 +291,7 @@ class TrainingCell:
         if outcome.utilization is not None and outcome.utilization.input_measured:
             self.inputs_measured.update([outcome.utilization.input_measured])
         self.record.fits.append(outcome)
+        self.agreed = (self.agreed | {getattr(outcome.parity, "remembered", None)}) - {None}
         for text, prefix in notes_of(hooks, self.checkpoints) + list(outcome.notes):
             self._note(text, prefix)
         if outcome.failure is not None:
@@ -308,15 +309,15 @@ class TrainingCell:
                                 self.bar if self.request.progress else None, self.view)
         saver = None if self.checkpoints is None else \
             self.checkpoints.callback(plan.seed, self.connection, plan.resume_from)
-        check = None
         mesh = self.placement.mesh
-        if self.request.verify and not self.verified and checks(self.connection, mesh):
-            self.verified = True
-            check, note = first_step_check(self.connection, mesh, plan, built, self.agreed,
-                                           self._calls().one_device_copy)
-            if note:
-                self._note(note)
-        return FitHooks(progress, saver, check, self.stop_event, self.request.progress)
+        first = self.request.verify and not self.verified and checks(self.connection, mesh)
+        self.verified = self.verified or first
+        check, whole, notes = fit_checks(self.connection, mesh, plan, built, first,
+                                         self.agreed, self._calls().one_device_copy)
+        for note in notes:
+            self._note(note)
+        return FitHooks(progress, saver, check, self.stop_event, self.request.progress,
+                        whole=whole)
 
     def _evaluate(self, model: Any, call: dict, named: set) -> Any:
         evaluated = self._calls().evaluate(model, call, named)

@@ -147,6 +147,9 @@ class JaxBackend(Named):
     def step_logs(self, model: Any, logs: dict) -> dict:
         return dict(logs or {})  # a step sees the global batch: its logs are the batch's
 
+    def whole_batch(self, model: Any, call: Mapping[str, Any]) -> None:
+        return None  # a step sees the global batch: nothing to give whole
+
     def distributed_inference(self, model: Any, batch: Any) -> None:
         return None  # a step sees the global batch and draws as one device: it is compared
 

@@ -2,7 +2,8 @@
 does it: `connect` (strategies, TPU init, `--simulate`), `devices` (the device view), `data`
 (NumPy and user inputs as tf.data), `replica_steps` (the replicas' loss semantics),
 `call_start` (a call's start without Keras's build batch), `variables` (mirrored variables
-and their strategy), `executions` (steps an execution), `parity` (the first-step check).
+and their strategy), `executions` (steps an execution), `parity` (the first-step check),
+`whole_batch` (every replica the whole batch, for losses the replicas cannot split).
 TensorFlow is imported by the methods, never here.
 """
 
@@ -13,7 +14,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from tpu_magic.backends.protocol import Named
 from tpu_magic.backends.tf import (call_start, connect, devices, executions, parity,
-                                   replica_steps, variables)
+                                   replica_steps, variables, whole_batch)
 from tpu_magic.core.devices import DeviceView
 from tpu_magic.core.errors import ShardError
 from tpu_magic.core.flops import counted_training_flops
@@ -138,6 +139,9 @@ class TensorFlowBackend(Named):
 
     def step_logs(self, model: Any, logs: dict) -> dict:
         return parity.step_logs(model, logs)
+
+    def whole_batch(self, model: Any, call: Mapping[str, Any]) -> Any:
+        return whole_batch.for_fit(model, call)
 
     def distributed_inference(self, model: Any, batch: Any) -> dict | None:
         return parity.distributed_inference(model, batch)

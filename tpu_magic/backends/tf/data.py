@@ -87,7 +87,8 @@ def _traced_as_is(function: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _distributed(indices: tf.data.Dataset, load: Callable[..., Any], batch: int,
-                 strategy: Any, whole: bool = False) -> tuple[Any, Any]:
+                 strategy: Any, whole: bool = False,
+                 real_load: Callable[[tf.Tensor], Any] | None = None) -> tuple[Any, Any]:
     """Under a MirroredStrategy with several replicas: one pipeline on the host whose every
     element is a global batch already cut into the replicas' rows (`ReplicaParts`);
     otherwise the plain dataset (Keras distributes it). Returns the dataset and
@@ -98,16 +99,25 @@ def _distributed(indices: tf.data.Dataset, load: Callable[..., Any], batch: int,
     `keep` cuts from it: each replica's part is gathered on its own, since a cut of a
     gathered whole batch would share, and so keep alive, the whole batch's buffer. `whole`:
     every replica takes the whole batch (fewer samples than replicas, for a loss that
-    cannot skip padding).
+    cannot skip padding). `real_load` maps a batch of real indices (no padding) to data as
+    plain Keras gets it: given, the parts can switch to every replica taking the whole
+    batch, its padding left out (`ReplicaParts.every_replica_whole`).
     """
     if not _splits_per_replica(strategy):
         dataset = _loaded(indices, lambda index: load(index, _whole))
         return dataset, _shapes(dataset.element_spec, batch)
+    replicas = strategy.num_replicas_in_sync
     cuts = _replica_cuts(batch, strategy) if not whole else \
-        [_whole] * strategy.num_replicas_in_sync  # each replica: the whole batch
+        [_whole] * replicas  # each replica: the whole batch
     dataset = _loaded(indices, lambda index: tuple(load(index, cut) for cut in cuts))
+
+    def whole_batches(read: int) -> tf.data.Dataset:
+        real = indices.skip(read).map(lambda index: tf.boolean_mask(index, index >= 0))
+        return _loaded(real, lambda index: (real_load(index),) * replicas)
+
     # a replica's rows of every array of the global batch: the same but the first dimension
-    return ReplicaParts(dataset), _shapes(dataset.element_spec[0], batch)
+    return (ReplicaParts(dataset, whole_batches if real_load is not None else None),
+            _shapes(dataset.element_spec[0], batch))
 
 
 def _shapes(spec: Any, batch: int) -> tuple | None:
@@ -155,11 +165,43 @@ class ReplicaParts(input_lib.DistributedDataset):
     cardinality); TensorFlow's own constructor is not run.
     """
 
-    def __init__(self, parts: tf.data.Dataset):  # pylint: disable=super-init-not-called
+    def __init__(self, parts: tf.data.Dataset,  # pylint: disable=super-init-not-called
+                 whole: Callable[[int], tf.data.Dataset] | None = None):
         self._parts = parts
+        # the batches after the first `read`, each the whole batch for every replica
+        self._whole = whole
+        self.whole = False  # every replica takes the whole batch (`every_replica_whole`)
+
+    @property
+    def gives_whole(self) -> bool:
+        """Whether these parts can switch to every replica taking the whole batch."""
+        return self._whole is not None
+
+    def every_replica_whole(self) -> bool:
+        """From the next batch on (in an iteration under way too), every replica takes the
+        whole global batch, without padding: each computes what one device does. Returns
+        whether it can (False: these parts cannot be given whole)."""
+        if self._whole is None:
+            return False
+        self.whole = True
+        return True
+
+    def whole_batches(self, steps: int) -> list:
+        """The first `steps` batches as every replica takes them whole, each a structure of
+        `PerReplica` values as the iteration gives them."""
+        return [distribute_utils.regroup(parts) for parts in self._whole(0).take(steps)]
 
     def __iter__(self) -> Iterator[Any]:
-        for parts in self._parts:
+        whole = self.whole
+        source, read = iter(self._whole(0) if whole else self._parts), 0
+        while True:
+            if self.whole and not whole:  # switched while this iteration was under way
+                whole, source = True, iter(self._whole(read))
+            try:
+                parts = next(source)
+            except StopIteration:
+                return
+            read += 1
             yield distribute_utils.regroup(parts)
 
     @property
@@ -255,7 +297,8 @@ def train_pipeline(x: Any, y: Any, sample_weight: Any, batch: int, shuffle: bool
     # Each epoch's order follows from (seed, epoch) alone, except a reshuffle of one pass
     # per epoch, whose next order cannot be read again.
     first = None if shuffle and not repeat else _FirstBatches(indices, load)
-    dataset, one = _distributed(indices, load, batch, strategy, whole=remainder == "whole")
+    dataset, one = _distributed(indices, load, batch, strategy, whole=remainder == "whole",
+                                real_load=_labelled_loader(x, y, sample_weight, 0))
     return Pipeline(dataset, steps, samples, pad,
                     left_out=samples - steps * batch if _drops(remainder) else 0, first=first,
                     shapes=None if one is None else lambda k: [one] * min(k, steps))
@@ -287,8 +330,9 @@ def eval_pipeline(x: Any, y: Any, sample_weight: Any, batch: int, strategy: Any 
     indices, steps, pad = _index_batches(samples, batch, shuffle=False, repeat=False,
                                          drop=_drops(remainder))
     load = _labelled_loader(x, y, sample_weight, pad)
-    return Pipeline(_distributed(indices, load, batch, strategy,
-                                 whole=remainder == "whole")[0], steps, samples, pad,
+    return Pipeline(_distributed(indices, load, batch, strategy, whole=remainder == "whole",
+                                 real_load=_labelled_loader(x, y, sample_weight, 0))[0],
+                    steps, samples, pad,
                     left_out=samples - steps * batch if _drops(remainder) else 0)
 
 
@@ -319,7 +363,9 @@ def whole_batches(dataset: Any, batch: int, strategy: Any) -> Any:
     samples. Under a MirroredStrategy with several replicas every whole batch is cut into
     the replicas' parts on the host, as for NumPy inputs (`ReplicaParts` says why). The
     dataset's own steps (its maps, its shuffle, seeded or not) run once, in one pipeline,
-    so every replica's part is of the same global batch.
+    so every replica's part is of the same global batch. Switched to every replica taking
+    the whole batch (`ReplicaParts.every_replica_whole`, before an iteration starts), each
+    replica takes the dataset's own batches as they are.
     """
     def padded(*element):
         x, y = element[0], element[1]
@@ -337,9 +383,15 @@ def whole_batches(dataset: Any, batch: int, strategy: Any) -> Any:
     if not _splits_per_replica(strategy):
         return whole
     cuts = _replica_cuts(batch, strategy)
+    replicas = strategy.num_replicas_in_sync
+
+    def whole_for_every_replica(read: int) -> tf.data.Dataset:  # the user's batches as given
+        return _without_autotune(dataset.skip(read).map(
+            _traced_as_is(lambda *element: (element,) * replicas)).prefetch(2))
+
     return ReplicaParts(_without_autotune(
         whole.map(_traced_as_is(lambda *element: tuple(cut(element) for cut in cuts)))
-        .prefetch(2)))
+        .prefetch(2)), whole_for_every_replica)
 
 
 def _without_autotune(dataset: tf.data.Dataset) -> tf.data.Dataset:

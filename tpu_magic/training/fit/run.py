@@ -36,6 +36,8 @@ class FitHooks:
         check: the first-step parity check (`parity.callback.FirstStep`), or None.
         stop_event: the panel's Stop (set: stop at the next batch), or None.
         quiet: Keras's own progress output off (tpu_magic's bar shows instead).
+        whole: runs the fit with every replica computing the whole batch from its start
+            (`parity.callback.WholeBatchRun`), or None.
     """
 
     progress: FitProgress
@@ -43,6 +45,7 @@ class FitHooks:
     check: Any = None
     stop_event: threading.Event | None = None
     quiet: bool = True
+    whole: Any = None
 
 
 @dataclass(frozen=True)
@@ -189,9 +192,14 @@ def run_fit(plan: FitPlan, built: Built, hooks: FitHooks, measures: Measures) ->
     if hooks.quiet:
         call["verbose"] = 0
     compiled_before = connection.backend.compile_counts()
-    with connection.backend.grouped_steps(model, plan.steps.k, built.own):
-        history, ctrl_c, failure = _keras_fit(model, call, plan.named, hooks.progress,
-                                              connection.strategy)
+    try:
+        with connection.backend.grouped_steps(model, plan.steps.k, built.own):
+            history, ctrl_c, failure = _keras_fit(model, call, plan.named, hooks.progress,
+                                                  connection.strategy)
+    finally:  # Keras's `on_train_end` does not run where a fit fails or is interrupted
+        for hook in (hooks.check, hooks.whole):
+            if hook is not None:
+                hook.ended()
     stopped = hooks.stop_event is not None and hooks.stop_event.is_set()
     timing = hooks.progress.timing
     used = utilization.of_fit(
@@ -236,6 +244,9 @@ def notes_of(hooks: FitHooks, checkpoints: Any) -> list[tuple[str, str]]:
     warning = check.outcome.warning() if check is not None and check.outcome else None
     if warning:
         found.append((warning, "warning: "))
+    note = check.outcome.note() if check is not None and check.outcome else None
+    if note:
+        found.append((note, "note: "))
     if hooks.saver is not None:
         warnings_, notes = checkpoints.outcome(hooks.saver)
         found += [(text, "warning: ") for text in warnings_]
@@ -245,10 +256,12 @@ def notes_of(hooks: FitHooks, checkpoints: Any) -> list[tuple[str, str]]:
 
 def callbacks(given: Any, hooks: FitHooks, connection: Connection) -> list:
     """A `fit`'s callbacks: the checkpoint saver first (every other callback sees restored
-    weights), the parity check (before any callback of the user's touches the weights), the
+    weights), the parity check (before any callback of the user's touches the weights or
+    reads a step's logs, which a whole-batch rerun replaces), the whole-batch run, the
     user's, the bar, the replicas' agreement, the panel's Stop."""
     found = ([hooks.saver] if hooks.saver is not None else []) + \
-        ([hooks.check] if hooks.check is not None else []) + list(given or []) + \
+        ([hooks.check] if hooks.check is not None else []) + \
+        ([hooks.whole] if hooks.whole is not None else []) + list(given or []) + \
         [hooks.progress]
     if connection.replicas > 1:  # one set of BatchNorm statistics, as its copy has
         found.append(ReplicasAgree(connection.backend))

@@ -1,10 +1,14 @@
 """The first-step parity check as a Keras callback: the state before a fit's first step
 copied, and after its first execution the same steps run on one device and compared
-(`compare`)."""
+(`compare`). Where the split steps differ, the same steps run again from the copied state
+with every replica computing the whole batch; where that agrees with one device, the fit
+goes on so (`WholeBatchRun` runs a later fit of that setup so from its start)."""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from dataclasses import replace
 from typing import Any, Callable
 
 import keras
@@ -40,6 +44,9 @@ class FirstStep(keras.callbacks.Callback):
         agreed: setups compared earlier in this notebook that agreed: not compared again.
         setup_before: the `setup_key` the first execution will have, told before the fit
             from its batches' shapes (`setup_before`; None: not known before the fit reads).
+        whole: makes the means to run the fit with every replica computing the whole batch
+            (the backend's `whole_batch`, or None where it cannot), tried where the split
+            steps differ; None: not tried.
 
     After fit, `outcome` is a `Parity` or `Skipped` (None: the first step never ended).
     Where the outcome is known before the fit (a setup agreed earlier, a first batch that
@@ -65,9 +72,11 @@ class FirstStep(keras.callbacks.Callback):
                  agreed: frozenset = frozenset(),
                  inference: Callable[[Any, Any, Any], tuple[dict, dict] | None] | None = None,
                  step_logs: Callable[[Any, dict], dict] = lambda model, logs: dict(logs or {}),
-                 setup_before: str | None = None):
+                 setup_before: str | None = None,
+                 whole: Callable[[], Any] | None = None):
         super().__init__()
         self._inference, self._step_logs = inference, step_logs
+        self._whole, self._kept = whole, None  # the whole-batch run, once kept
         self._state, self._first_batches, self._reference = state, first_batches, reference
         self._tolerance, self._likely, self._random_draws = tolerance, likely, random_draws
         self._where, self._agreed = where, agreed
@@ -142,11 +151,53 @@ class FirstStep(keras.callbacks.Callback):
                        f"{text[0] if text else ''})")
             return
         seconds = self._copy_seconds + time.perf_counter() - start
-        self.outcome = compare(self._before, after, theirs,
-                               _pythonic(self._step_logs(self.model, logs)),
-                               _pythonic(their_logs), steps, self._tolerance, seconds,
-                               self._likely, setup, any(padded for _, padded in fed))
+        parity = compare(self._before, after, theirs,
+                         _pythonic(self._step_logs(self.model, logs)),
+                         _pythonic(their_logs), steps, self._tolerance, seconds,
+                         self._likely, setup, any(padded for _, padded in fed))
+        if not parity.agrees and self._whole is not None:
+            parity = self._run_whole(parity, steps, theirs, _pythonic(their_logs), logs)
+        self.outcome = parity
         self._before = None
+
+    def _run_whole(self, parity: Parity, steps: int, theirs: StepState, their_logs: dict,
+                   logs: dict | None) -> Parity:
+        """The split steps differed: the same steps again from the state before them, every
+        replica computing the whole batch. Where that agrees with one device, the fit goes
+        on so (and the callbacks after this one see its logs); otherwise the split steps'
+        state is put back."""
+        start, whole = time.perf_counter(), None
+        try:
+            whole = self._whole()
+            if whole is None:
+                return parity
+            ours, after = whole.rerun(self._before, steps)
+            compared = compare(self._before, after, theirs, _pythonic(ours), their_logs, steps,
+                               self._tolerance, time.perf_counter() - start, self._likely,
+                               parity.setup)
+        except Exception:  # noqa: BLE001 - the check must never break the cell
+            if whole is not None:
+                with contextlib.suppress(Exception):
+                    whole.undo()
+            return parity
+        if not compared.agrees:
+            whole.undo()
+            return replace(parity, whole=compared)
+        whole.keep()
+        self._kept = whole
+        if isinstance(logs, dict):
+            logs.update({key: value for key, value in ours.items() if key in logs})
+        return replace(parity, whole=compared)
+
+    def on_train_end(self, logs=None):
+        self.ended()
+
+    def ended(self) -> None:
+        """The fit ended (also by an error or Ctrl-C, which Keras's `on_train_end` misses):
+        a whole-batch run kept ends with it."""
+        if self._kept is not None:
+            self._kept.close()
+            self._kept = None
 
     def _compare_inference(self) -> None:
         """The first batch's logs in inference mode, from the weights after the step, on the
@@ -186,6 +237,33 @@ class FirstStep(keras.callbacks.Callback):
 
 
 _INFERENCE = object()  # `_before` where the first batch is compared in inference mode
+
+
+class WholeBatchRun(keras.callbacks.Callback):
+    """Runs a fit with every replica computing the whole batch from its first step: a
+    setup whose split steps differed from one device earlier in the notebook, and whose
+    whole-batch steps agreed (`WHOLE_EARLIER`).
+
+    Args:
+        whole: the backend's `whole_batch` for the fit.
+    """
+
+    def __init__(self, whole: Any):
+        super().__init__()
+        self._whole, self._started = whole, False
+
+    def on_train_begin(self, logs=None):
+        self._whole.start()
+        self._started = True
+
+    def on_train_end(self, logs=None):
+        self.ended()
+
+    def ended(self) -> None:
+        """The fit ended (also by an error or Ctrl-C)."""
+        if self._started:
+            self._whole.close()
+            self._started = False
 
 
 def _pythonic(logs: Any) -> dict:

@@ -1,5 +1,6 @@
 """Which fit is checked, and the check built for it: the `FirstStep` callback, given the
-backend's one-device steps and what the model is made of (for the likely cause)."""
+backend's one-device steps and what the model is made of (for the likely cause); and which
+fit runs the whole batch on every replica from its start (`WholeBatchRun`)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ from typing import Any, Callable
 
 from tpu_magic.core.session import Connection
 from tpu_magic.training.inputs import exactness
-from tpu_magic.training.parity.callback import FirstStep
+from tpu_magic.training.parity.callback import FirstStep, WholeBatchRun
 from tpu_magic.training.parity.compare import (LOW_PRECISION_TOLERANCE, TOLERANCE,
-                                               likely_cause, per_replica_norms, random_layers,
-                                               setup_before)
+                                               WHOLE_BATCH, WHOLE_EARLIER, likely_cause,
+                                               per_replica_norms, random_layers, setup_before)
 
 ON_HOSTS = "the first step is not compared with one device on several hosts"
 
@@ -19,6 +20,42 @@ def checks(connection: Connection, mesh: Any) -> bool:
     """Whether a fit on this placement is checked at all: several replicas or a mesh (one
     device has nothing to compare with)."""
     return connection.replicas > 1 or mesh is not None
+
+
+def fit_checks(connection: Connection, mesh: Any, plan: Any, built: Any, first: bool,
+               agreed: frozenset, one_device_copy: Callable[[Any], Callable[[], Any]]
+               ) -> tuple[FirstStep | None, WholeBatchRun | None, list[str]]:
+    """What a fit (`plan`, `built` as for `first_step_check`) runs with: the callback
+    running it with every replica computing the whole batch, where its setup agreed so
+    earlier in the notebook (`agreed`: `compare.Parity.remembered` of earlier comparisons);
+    otherwise, where it is the cell's `first` checked fit, the first-step check.
+
+    Returns:
+        (the check or None, the whole-batch run or None, notes to say).
+    """
+    whole = whole_batch_run(connection, mesh, plan, built, agreed)
+    if whole is not None:
+        return None, whole, [WHOLE_EARLIER]
+    if not first:
+        return None, None, []
+    check, note = first_step_check(connection, mesh, plan, built, agreed, one_device_copy)
+    return check, None, [note] if note else []
+
+
+def whole_batch_run(connection: Connection, mesh: Any, plan: Any, built: Any,
+                    agreed: frozenset) -> WholeBatchRun | None:
+    """The callback running a fit with every replica computing the whole batch, where its
+    setup agreed so earlier (`agreed` holds it marked `WHOLE_BATCH`); None elsewhere."""
+    if built.shapes is None or not any(key.startswith(WHOLE_BATCH) for key in agreed):
+        return None
+    try:
+        key = setup_before(plan.model, built.shapes, _where(connection, mesh), None,
+                           plan.steps.k)
+        means = connection.backend.whole_batch(plan.model, built.call) \
+            if WHOLE_BATCH + key in agreed else None
+    except Exception:  # noqa: BLE001 - the check must never break the cell
+        return None
+    return None if means is None else WholeBatchRun(means)
 
 
 def first_step_check(connection: Connection, mesh: Any, plan: Any, built: Any,
@@ -42,13 +79,13 @@ def first_step_check(connection: Connection, mesh: Any, plan: Any, built: Any,
 def _check(connection: Connection, mesh: Any, plan: Any, built: Any, agreed: frozenset,
            one_device_copy: Callable[[Any], Callable[[], Any]]) -> FirstStep:
     backend, model = connection.backend, plan.model
-    whole_batch = backend.step_sees_global_batch
-    random = [] if whole_batch else random_layers(model)
+    global_batch = backend.step_sees_global_batch
+    random = [] if global_batch else random_layers(model)
     draws = (f"it draws random numbers while training ({', '.join(random)}), and each "
              f"{backend.label} replica draws its own" if random else None)
     low = str(getattr(model, "compute_dtype", "float32")) in ("bfloat16", "float16")
     likely = likely_cause(connection.replicas,
-                          [] if whole_batch else per_replica_norms(model),
+                          [] if global_batch else per_replica_norms(model),
                           exactness.scalar_losses(model), not exactness.keras_steps(model))
 
     def reference(m: Any, before: Any, batches: list) -> Any:
@@ -62,9 +99,18 @@ def _check(connection: Connection, mesh: Any, plan: Any, built: Any, agreed: fro
         with exactness.suspended(m):
             return ours, backend.one_device_inference(m, real, one_device_copy(m))
 
-    where = f"{connection.strategy_name} {connection.replicas} {mesh} {connection.target}"
+    where = _where(connection, mesh)
     before = (setup_before(model, built.shapes, where, draws, plan.steps.k)
               if built.shapes is not None and agreed else None)
+    # a replica's own BatchNorm statistics are what several replicas mean (and what
+    # `synchronized=True` changes): that difference is said, not run away from
+    norms = [] if global_batch else per_replica_norms(model)
     return FirstStep(backend.step_state, built.first, reference,
                      LOW_PRECISION_TOLERANCE if low else TOLERANCE, likely, draws, where,
-                     agreed, inference, backend.step_logs, setup_before=before)
+                     agreed, inference, backend.step_logs, setup_before=before,
+                     whole=None if norms else lambda: backend.whole_batch(model, built.call))
+
+
+def _where(connection: Connection, mesh: Any) -> str:
+    """The devices a model trains on, for `setup_key`."""
+    return f"{connection.strategy_name} {connection.replicas} {mesh} {connection.target}"

@@ -36,6 +36,9 @@ class Parity:
         seconds: what the check added to the first step.
         likely: the likely cause of a difference, in words (None where they agree).
         setup: the model, batch and devices compared (`setup_key`).
+        whole: where the split steps differed, the same steps run again from the same state
+            with every replica computing the whole batch, against one device's (None: not
+            run). Where it agrees (`whole_batch`), the fit went on so.
     """
 
     steps: int
@@ -48,6 +51,24 @@ class Parity:
     likely: str | None = None
     setup: str = ""  # what was compared (`setup_key`): the same setup need not be again
     inference: bool = False  # the first batch's logs in inference mode, not a training step
+    whole: "Parity | None" = None
+
+    @property
+    def whole_batch(self) -> bool:
+        """The split steps differed and every replica computing the whole batch agreed with
+        one device: the fit ran so from its first step (the split steps undone)."""
+        return self.whole is not None and self.whole.agrees
+
+    @property
+    def remembered(self) -> str | None:
+        """What the notebook keeps of this comparison among its agreed setups: the setup
+        where it agreed, marked `WHOLE_BATCH` where it agreed only with every replica
+        computing the whole batch; None where it did not agree."""
+        if not self.setup:
+            return None
+        if self.whole_batch:
+            return WHOLE_BATCH + self.setup
+        return self.setup if self.agrees else None
 
     @property
     def differences(self) -> list[tuple[str, float]]:
@@ -76,6 +97,13 @@ class Parity:
 
     def line(self) -> str:
         """One line for the report."""
+        if self.whole_batch:
+            key, difference = self.differences[0]
+            return (f"{self._what()} DIFFERS from one device split over the replicas ({key} "
+                    f"off by {difference:.2g} relative); every replica computing the whole "
+                    f"batch is the same as on one device (whole batch vs one device: "
+                    f"{self.whole._numbers()}; checked in "
+                    f"{self.seconds + self.whole.seconds:.2f} s)")
         if self.inference:
             verdict = "agrees with one device" if self.agrees else "DIFFERS from one device"
             why = ("random layers such as Dropout are off: each replica draws its own while "
@@ -87,17 +115,33 @@ class Parity:
                 f"{self._numbers()}; checked in {self.seconds:.2f} s)")
 
     def warning(self) -> str | None:
-        """What to say where the first step differs (None where it agrees)."""
-        if self.agrees:
+        """What to say where the first step differs (None where it agrees, or where every
+        replica computing the whole batch made it agree: `note` says that)."""
+        if self.agrees or self.whole_batch:
             return None
         key, difference = self.differences[0]
         what = ("the first batch's logs in inference mode differ from one device's"
                 if self.inference else
                 "the first distributed step differs from the same step on one device")
+        whole = "" if self.whole is None else (
+            f" Every replica computing the whole batch differs too ({self.whole._numbers()}), "
+            "so the fit went on split over the replicas.")
         return (f"{what} "
                 f"({key} off by {difference:.2g} relative, over {self.tolerance:g}): "
-                f"{self._numbers()}. Likely cause: {self.likely or 'not known'}. This cell's "
-                "numbers will not be plain Keras's on one device.")
+                f"{self._numbers()}. Likely cause: {self.likely or 'not known'}.{whole} This "
+                "cell's numbers will not be plain Keras's on one device.")
+
+    def note(self) -> str | None:
+        """The one line saying that the fit runs the whole batch on every replica (None
+        where it does not)."""
+        if not self.whole_batch:
+            return None
+        key, difference = self.differences[0]
+        return (f"the first step split over the replicas differed from one device's ({key} "
+                f"off by {difference:.2g} relative; likely cause: {self.likely or 'not known'}"
+                "): every replica computes the whole batch instead, from the first step on, "
+                "so this fit's numbers are one device's (correct numbers before speed: each "
+                "replica does the whole batch's work)")
 
 
 @dataclass(frozen=True)
@@ -109,11 +153,15 @@ class Skipped:
     setup: str = ""
 
     agrees = True
+    remembered = None  # nothing compared: nothing to keep (see `Parity.remembered`)
 
     def line(self) -> str:
         return f"first step not compared with one device: {self.why}"
 
     def warning(self) -> None:
+        return None
+
+    def note(self) -> None:
         return None
 
 
@@ -302,6 +350,11 @@ def _loss_key(loss: Any) -> Any:
 
 INFERENCE_SUFFIX = " inference"  # `where`'s suffix in the setup of an inference-mode comparison
 AGREED = "the same model, batch and devices agreed with one device earlier in this notebook"
+# an agreed setup's mark where it agreed only with every replica computing the whole batch
+WHOLE_BATCH = "whole batch "
+WHOLE_EARLIER = ("every replica computes the whole batch: split over the replicas, the same "
+                 "model, batch and devices differed from one device earlier in this notebook, "
+                 "and computing the whole batch on each agreed (correct numbers before speed)")
 
 
 def comparison_setup(model: Any, shapes: list, where: str, inference: bool) -> str:
