@@ -97,7 +97,14 @@ def measure(args) -> int:
     if args.way == "plain_keras":  # no tpu_magic in this process: the CPU devices by hand
         os.environ["KERAS_BACKEND"] = "jax"
         if args.simulate:
+            from tpu_magic.backends.jax.connect import host_pool_size, schedulable_cpus
+
             os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.simulate}"
+            # XLA:CPU's pools as `--simulate` sizes them: the other ways' threads, and no
+            # collective left waiting for one (docs/limits.md)
+            pool = host_pool_size(os.environ, args.simulate, schedulable_cpus())
+            if pool is not None:
+                os.environ["PJRT_NPROC"] = str(pool)
     else:
         shell.run_line_magic("load_ext", "tpu_magic")
         simulate = f"--simulate {args.simulate} " if args.simulate else ""

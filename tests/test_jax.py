@@ -19,7 +19,7 @@ import pytest
 
 from support.jax_process import blocked_env, require_jax
 from tpu_magic.backends.jax.connect import (COLLECTIVE_WAIT, COLLECTIVE_WAIT_SECONDS,
-                                            host_device_flags)
+                                            host_device_flags, host_pool_size)
 
 HERE = Path(__file__).parent
 
@@ -42,6 +42,18 @@ def test_simulated_devices_wait_long_for_a_starved_device_where_jaxlib_has_the_f
     users = f"{COLLECTIVE_WAIT}=5"  # the user's own setting stays
     assert host_device_flags(users, 8, jaxlib="0.10.2").split() == [
         users, "--xla_force_host_platform_device_count=8"]
+
+
+def test_simulated_devices_get_pools_with_a_thread_for_each_part_and_each_waiting_launch():
+    # XLA sizes the CPU client's pools from PJRT_NPROC, else NPROC (the first that is a
+    # number), else the cores, and at least a thread a device; 8 devices need 32 threads
+    assert host_pool_size({}, 8, cpus=2) == 32
+    assert host_pool_size({}, 8, cpus=64) is None  # XLA's own size is enough
+    assert host_pool_size({}, 2, cpus=2) == 8
+    assert host_pool_size({"PJRT_NPROC": "40"}, 8, cpus=2) is None  # the user's, enough
+    assert host_pool_size({"PJRT_NPROC": "16"}, 8, cpus=64) == 32  # the user's, too few
+    assert host_pool_size({"NPROC": "4"}, 8, cpus=64) == 32
+    assert host_pool_size({"PJRT_NPROC": "", "NPROC": "64"}, 8, cpus=2) is None
 
 
 def test_jax_after_keras_started_on_tensorflow_says_to_restart(ip):

@@ -50,12 +50,20 @@ def test_auto_groups_a_small_models_steps_says_why_and_a_later_cell_compiles_not
     assert again.samples_per_second  # several executions: a steady rate after the first
 
 
-# Before the tests whose callbacks read every batch: on 8 simulated CPU devices, such a fit
-# followed in the same process by a measured fit of one step a dispatch has hung inside
-# XLA (docs/limits.md)
+def test_a_callback_that_reads_every_batch_keeps_one_step_an_execution(ip):
+    ip.run_cell(SETUP + "x = np.concatenate([x] * 8); y = np.concatenate([y] * 8)\n"
+                "seen = []")
+    report = train(ip, MODEL + "model.fit(x, y, batch_size=32, epochs=1, verbose=0, "
+                               "callbacks=[keras.callbacks.LambdaCallback("
+                               "on_train_batch_end=lambda batch, logs: seen.append(batch))])")
+    assert report.execution.k == 1 and "LambdaCallback reads every batch" in \
+        report.execution.why
+    assert ip.user_ns["seen"] == list(range(250))
+
+
 def test_a_group_measured_slower_than_single_steps_runs_one_step_a_dispatch(ip, monkeypatch):
     # the group the choice would run is timed (`device_loop.measured_group`; for real in the
-    # test above, where it pays); here it is made to take a second a step
+    # auto test above, where it pays); here it is made to take a second a step
     from tpu_magic.backends.jax import device_loop
 
     timed = []
@@ -70,17 +78,6 @@ def test_a_group_measured_slower_than_single_steps_runs_one_step_a_dispatch(ip, 
     assert timed and timed[0][0] == "train" and timed[0][1] > 1
     assert report.execution.k == 1 and report.execution.why.endswith(
         "one a dispatch: one step a dispatch"), report.execution.why
-
-def test_a_callback_that_reads_every_batch_keeps_one_step_an_execution(ip):
-    ip.run_cell(SETUP + "x = np.concatenate([x] * 8); y = np.concatenate([y] * 8)\n"
-                "seen = []")
-    report = train(ip, MODEL + "model.fit(x, y, batch_size=32, epochs=1, verbose=0, "
-                               "callbacks=[keras.callbacks.LambdaCallback("
-                               "on_train_batch_end=lambda batch, logs: seen.append(batch))])")
-    assert report.execution.k == 1 and "LambdaCallback reads every batch" in \
-        report.execution.why
-    assert ip.user_ns["seen"] == list(range(250))
-
 
 
 # Keras's loop hands each step's state back to the model (`model._jax_state`), untracked while

@@ -14,8 +14,8 @@ that no shell or thread can have a copy of:
   devices restarts the collective instance keys, and its first all-reduce fails ("Shape
   mismatch in the collective instance") against shapes the runtime cached.
 - **environment variables a framework reads once, at import** (`KERAS_BACKEND`,
-  `XLA_FLAGS`, `TF_CPP_MIN_LOG_LEVEL`): set before the import they steer, recorded with the
-  reason in `ENVIRONMENT_SET`.
+  `XLA_FLAGS`, `PJRT_NPROC`, `TF_CPP_MIN_LOG_LEVEL`): set before the import they steer,
+  recorded with the reason in `ENVIRONMENT_SET`.
 
 Only the notebook's thread writes these (connects, and the magics before a framework is
 imported); a panel job reads them.

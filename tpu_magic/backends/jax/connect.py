@@ -1,6 +1,7 @@
 """Connecting through JAX: the devices of a kind, `DataParallel` over them, and
 `--simulate N`, which splits the host CPU into N XLA devices with
-`--xla_force_host_platform_device_count` (JAX reads it once, when it first starts).
+`--xla_force_host_platform_device_count`, and gives XLA:CPU's thread pools room for them
+(`PJRT_NPROC`; JAX reads both once, when it first starts).
 """
 
 from __future__ import annotations
@@ -28,6 +29,17 @@ _DEVICE_COUNT = re.compile(r"--xla_force_host_platform_device_count=\d+")
 COLLECTIVE_WAIT = "--xla_cpu_collective_call_terminate_timeout_seconds"
 COLLECTIVE_WAIT_SECONDS = 600
 _COLLECTIVE_WAIT_FROM = (0, 8, 0)
+# XLA:CPU runs each simulated device's part of a program on a thread of one pool, and
+# launches the programs on that pool too. A launch waits on its thread while its device has
+# 32 programs queued; a program with a collective holds a thread for each device until every
+# device's part arrives. At XLA's size (the cores, at least a thread a device) a host that
+# dispatches ahead (Keras's loop with its batch-end hooks on worker threads) fills the pool
+# with waiting launches: one device's part never gets a thread, the others wait in the
+# collective for good, and XLA aborts the process when COLLECTIVE_WAIT passes. It needs a
+# thread a device for the program that runs, and one a device for each Python thread that
+# dispatches at that time: room here for three.
+POOL_VARIABLE = "PJRT_NPROC"  # XLA sizes the CPU client's pools from it, else NPROC, else cores
+POOL_THREADS_PER_DEVICE = 4
 GPU_BUILD = '`pip install -U "jax[cuda12]"`'  # JAX with its CUDA plugin
 
 
@@ -39,13 +51,21 @@ def connect(backend: Backend, chosen: Target, simulate: int | None, explicit_gpu
     compilation cache (see `compile_cache`); where it went is one of the notes.
 
     Raises:
-        ConnectError: no such device here, or JAX already started with another CPU split.
+        ConnectError: no such device here, or JAX already started with another CPU split
+            or with thread pools too small for the simulated devices.
         MissingDependencyError: JAX is not installed.
     """
+    short = None  # the threads the simulated devices need, where JAX started with fewer
     if simulate is not None:
+        started = _jax_started()
         process.set_environment(
             "XLA_FLAGS", host_device_flags(os.environ.get("XLA_FLAGS", ""), simulate),
             "JAX splits the CPU into devices once, when its runtime starts")
+        pool = host_pool_size(os.environ, simulate, schedulable_cpus())
+        if pool is not None and started:
+            short = pool
+        elif pool is not None:
+            set_pool_size(pool)
         if "jax" not in sys.modules:  # a rehearsal never starts libtpu (and its stderr)
             process.set_environment("JAX_PLATFORMS", "cpu", "JAX picks its platforms once, "
                                     "when it starts: --simulate rehearses on the CPU")
@@ -53,7 +73,8 @@ def connect(backend: Backend, chosen: Target, simulate: int | None, explicit_gpu
     import keras
 
     if simulate is not None:
-        devices, kind, target = _simulated_devices(jax, simulate), "cpu", f"simulate:{simulate}"
+        devices, kind, target = _simulated_devices(jax, simulate, short), "cpu", \
+            f"simulate:{simulate}"
     else:
         chosen, kind, devices = _devices_of(jax, chosen, explicit_gpu, env)
         target = chosen.label
@@ -67,19 +88,70 @@ def connect(backend: Backend, chosen: Target, simulate: int | None, explicit_gpu
                       backend=backend), chosen
 
 
-def _simulated_devices(jax: Any, simulate: int) -> list:
-    """The `simulate` CPU devices JAX started with.
+def _simulated_devices(jax: Any, simulate: int, short: int | None = None) -> list:
+    """The `simulate` CPU devices JAX started with. `short`: the threads XLA's pools need
+    for them, where JAX started with fewer (None: enough).
 
     Raises:
-        ConnectError: JAX already started with another split.
+        ConnectError: JAX already started with another split, or with pools too small for
+            the devices (their collectives could wait on each other for good).
     """
     devices = jax.devices("cpu")
+    restart = (f"Restart the runtime and run `%tpu_connect --backend jax --simulate {simulate}` "
+               "before anything uses JAX")
     if len(devices) != simulate:
         raise ConnectError(
             f"--simulate {simulate} needs {simulate} CPU devices, but JAX already started "
-            f"with {len(devices)}. Restart the runtime and run `%tpu_connect --backend jax "
-            f"--simulate {simulate}` before anything uses JAX.")
+            f"with {len(devices)}. {restart}.")
+    if short is not None:
+        raise ConnectError(
+            f"--simulate {simulate} needs XLA:CPU's thread pools of {short} threads, but JAX "
+            f"already started with fewer (sized from {POOL_VARIABLE}, NPROC or the "
+            f"{schedulable_cpus()} cores): a step could wait in a collective for good. "
+            f"{restart}, or set `%env {POOL_VARIABLE}={short}` before JAX starts.")
     return devices
+
+
+def _jax_started() -> bool:
+    """Whether JAX's runtime has started in this process (its flags are read by then)."""
+    if "jax" not in sys.modules:
+        return False
+    from jax._src import xla_bridge
+
+    started = getattr(xla_bridge, "backends_are_initialized", None)  # not in every JAX
+    return bool(started and started())
+
+
+def schedulable_cpus() -> int:
+    """The cores this process may run on, as XLA counts them for its pools."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def host_pool_size(env: Mapping[str, str], devices: int, cpus: int) -> int | None:
+    """The threads XLA:CPU's pools need for `devices` simulated devices
+    (`POOL_THREADS_PER_DEVICE` a device), or None where the size XLA takes from `env`
+    (`PJRT_NPROC`, else `NPROC`, the first that is a number) or else the `cpus` is enough."""
+    need = POOL_THREADS_PER_DEVICE * devices
+    for name in (POOL_VARIABLE, "NPROC"):
+        try:
+            size = max(int(env.get(name, "")), 0)
+        except ValueError:
+            continue
+        break
+    else:
+        size = cpus
+    return None if max(size, devices) >= need else need
+
+
+def set_pool_size(threads: int) -> None:
+    """XLA:CPU's pools sized for simulated devices (`host_pool_size`), before JAX starts."""
+    process.set_environment(POOL_VARIABLE, str(threads),
+                            "XLA:CPU sizes its thread pools once, when JAX starts: simulated "
+                            "devices need a thread each for a program's part and for each "
+                            "launch waiting behind it")
 
 
 def _devices_of(jax: Any, chosen: Target, explicit_gpu: bool, env: Mapping[str, str]

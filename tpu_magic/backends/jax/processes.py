@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import os
 
-from tpu_magic.backends.jax.connect import host_device_flags
+from tpu_magic.backends.jax.connect import (host_device_flags, host_pool_size,
+                                            schedulable_cpus, set_pool_size)
 from tpu_magic.core import process
 from tpu_magic.core.deps import require_jax
 from tpu_magic.core.errors import ConnectError
@@ -31,6 +32,9 @@ def join_processes(coordinator: str, count: int, index: int, local_devices: int 
         process.set_environment(
             "XLA_FLAGS", host_device_flags(os.environ.get("XLA_FLAGS", ""), local_devices),
             "JAX splits the CPU into devices once, when its runtime starts")
+        pool = host_pool_size(os.environ, local_devices, schedulable_cpus())
+        if pool is not None:  # a fresh engine: JAX starts below
+            set_pool_size(pool)
     jax = require_jax()
     if local_devices is not None:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
