@@ -83,14 +83,26 @@ def traced_steps_kept(ip):
     fit = "model.fit(x[:128], y[:128], batch_size=64, epochs=1, verbose=0)"
     train(ip, DENSE + fit)
     model = ip.user_ns["model"]
-    first = model.train_function
+    first = _traced(model)
     train(ip, fit)
-    kept = model.train_function is first
+    kept = _traced(model) is first
     frozen = [w.copy() for w in model.layers[0].get_weights()]
     train(ip, "model.layers[0].trainable = False\n"
               "model.compile(keras.optimizers.SGD(0.1), 'sparse_categorical_crossentropy')\n" + fit)
     still = all((a == b).all() for a, b in zip(frozen, model.layers[0].get_weights()))
-    return kept, model.train_function is not first and still
+    return kept, _traced(model) is not first and still
+
+
+def _traced(model):
+    """What runs the model's train steps: Keras's traced `train_function` (TensorFlow), or
+    the compiled programs tpu_magic keeps for it (JAX, `backends/jax/loop/programs.py`)."""
+    import keras
+
+    from tpu_magic.core import record
+
+    if keras.backend.backend() == "jax":
+        return record.of(model).programs
+    return model.train_function
 
 
 # a model class with its own `fit` that prepares its inputs, then calls Keras's, as a

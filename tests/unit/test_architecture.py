@@ -279,3 +279,37 @@ def test_the_magics_are_thin_and_the_cell_routes_and_records():
     assert _definitions(PACKAGE / "training" / "cell.py")["TrainingCell"] <= CELL_LINES
     top = sorted(p.name for p in (PACKAGE / "training").glob("*.py"))
     assert len(top) <= TRAINING_FILES, top
+
+
+# What tpu_magic keeps about a user's objects is in `core/record.py` (a record beside each
+# object), and a method it replaces while a call runs is `core/overrides.py`'s: no other
+# module writes a user's object behind Keras's back, and nothing is kept as an attribute.
+OBJECT_WRITERS = {"core/record.py", "core/overrides.py"}
+
+
+def object_writes(tree: ast.Module) -> list[str]:
+    """The module's `object.__setattr__` calls and `_tpu_magic*` names (attributes kept on
+    another's object), as text."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "object.__setattr__":
+            found.append(ast.unparse(node))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and \
+                node.value.startswith("_tpu_magic"):
+            found.append(repr(node.value))
+        elif isinstance(node, ast.Attribute) and node.attr.startswith("_tpu_magic"):
+            found.append(ast.unparse(node))
+    return found
+
+
+def test_only_the_record_and_the_overrides_write_a_users_object():
+    writes = {path.relative_to(PACKAGE).as_posix(): object_writes(_tree(path))
+              for path in _modules().values()}
+    assert {m: w for m, w in writes.items() if w and m not in OBJECT_WRITERS} == {}
+
+
+def test_the_object_rule_finds_a_write_where_there_is_one():
+    tree = ast.parse("def f(model):\n    object.__setattr__(model, 'x', 1)\n"
+                     "    model._tpu_magic_loop = 2\n    return getattr(model, '_tpu_magic_y')\n")
+    assert object_writes(tree) == ["object.__setattr__(model, 'x', 1)",
+                                   "model._tpu_magic_loop", "'_tpu_magic_y'"]

@@ -49,6 +49,9 @@ class Backend(Protocol):
     # K steps an execution run as one program on the devices, set for each call
     # (`grouped_steps`); else Keras's own `steps_per_execution`, set on the model
     groups_steps: bool
+    # K is chosen from a call's first steps as they train (`grouped_steps` takes a
+    # `steps.AsTheyRun`); else from a step measured before the call (`step_times`)
+    times_steps_as_they_run: bool
     # a step's FLOPs are counted from a batch the model is fed (`training_flops`'s `batch`:
     # XLA's count of the lowered step); else from the layers alone, and no batch is read
     flops_from_batch: bool
@@ -148,12 +151,14 @@ class Backend(Protocol):
         repeated (the call and the steps timed together), without changing the model; None:
         not measured (the choice then trusts `step_times`)."""
 
-    def grouped_steps(self, model: Any, steps: int,
+    def grouped_steps(self, model: Any, steps: Any,
                       sources: "Mapping[str, Any] | None" = None) -> ContextManager[Any]:
-        """While a call of the model runs: `steps` steps an execution, one dispatch each,
-        every step reading the batch it reads one step an execution; `sources`: tpu_magic's
-        own pipelines by role ("train", "test", "predict"), which the backend may read a
-        group at a time."""
+        """While a call of the model runs: its steps an execution, one dispatch each, every
+        step reading the batch it reads one step an execution. `steps`: a
+        `training.fit.steps.Steps` (K), or, where `times_steps_as_they_run`, a
+        `steps.AsTheyRun` (K chosen from the call's first steps); `sources`: tpu_magic's own
+        pipelines by role ("train", "test", "predict"), which the backend may read a group
+        at a time. Yields an object whose `result()` is the `Steps` the call ran, and why."""
 
     def jit_compile_note(self, connection: "Connection", model: Any) -> str | None:
         """Why the model's `jit_compile=True` cannot run on this connection (tpu_magic then
@@ -211,6 +216,10 @@ class Backend(Protocol):
         one a batch: their last logs and the state after. `one_device_copy` makes a compiled
         copy of the model outside every strategy, for a backend whose variables cannot leave
         theirs (TensorFlow's)."""
+
+    def one_device_ahead(self, model: Any, before: "StepState", batches: list) -> None:
+        """Before the fit's first step: `one_device_steps` for `before` and `batches` made
+        ready while the first step compiles and runs (a backend that cannot: nothing)."""
 
     def step_logs(self, model: Any, logs: dict) -> dict:
         """The metrics over the whole batch after a step (a callback's `logs` may hold one

@@ -66,3 +66,16 @@ class ProcessSwap:
     def own(self) -> Any:
         """The module's own value, while the replacement is in."""
         return self._own
+
+
+@contextlib.contextmanager
+def without(owner: Any, names: Any) -> Iterator[None]:
+    """`owner`'s own values of `names` (methods installed on it) taken off inside, so its
+    class's run, and put back after."""
+    saved = [(name, owner.__dict__.pop(name)) for name in names
+             if name in getattr(owner, "__dict__", {})]
+    try:
+        yield
+    finally:
+        for name, value in saved:
+            object.__setattr__(owner, name, value)

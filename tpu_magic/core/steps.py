@@ -48,12 +48,6 @@ def is_float(dtype: Any) -> bool:
     return dtype.kind == "f" or "float" in dtype.name
 
 
-# On a model: a new object each time tpu_magic has its functions traced again (a setting the
-# steps read changed: `training.models.setup.prepare`); whatever compiled programs a backend
-# keeps for the model (`backends.jax.device_loop`) are made again when it changes.
-TRACED = "_tpu_magic_traced"
-
-
 def state_groups(model: Any) -> tuple[list, list, list, list]:
     """A model's variables in the order of Keras's JAX state (`_get_jax_state`)."""
     optimizer = getattr(model, "optimizer", None)

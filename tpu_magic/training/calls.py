@@ -83,7 +83,7 @@ class Calls:
         """The call's steps an execution (`fit.run.steps_for`), in force while it runs."""
         connection = self.inputs.connection
         chosen = steps_for(connection, model, built, self.requested, kind, callbacks)
-        return connection.backend.grouped_steps(model, chosen.k, built.own)
+        return connection.backend.grouped_steps(model, chosen, built.own)
 
     def _evaluate_rest(self, model: Any, rest: tuple, count: int | None) -> dict | None:
         """`evaluate`'s results with its left-out samples evaluated on one device and

@@ -279,8 +279,7 @@ class TrainingCell:
                         prepare=self._prepare, resume=resume, note=self._note,
                         label=name_of(self.namespace, model), owners=self.layout_owners)
         self._placed(plan.placement)
-        built = self._inputs().for_fit(model, plan.call, plan.batch, plan.seed,
-                                       plan.build_pass)
+        built = self._inputs().for_fit(model, plan.call, plan.batch, plan.seed, plan.build_pass)
         self.record.left_out.update(built.left_out)
         plan = ready(plan, built, self.request.steps_per_execution)
         hooks = self._hooks(plan, built, recorded.arguments["x"])

@@ -27,11 +27,13 @@ from typing import Any, Callable, Iterator, Protocol
 
 import keras
 
+from tpu_magic.core import record
+from tpu_magic.core.overrides import overridden
+
 # The *_on_batch methods too: under MirroredStrategy Keras hands each replica the whole batch
 # (predict_on_batch then concatenates their outputs: 12 rows in, 96 out on 8 replicas), and
 # under JAX's DataParallel a batch the devices do not divide fails (IndivisibleError).
 METHODS = ("fit", "evaluate", "predict", "predict_on_batch", "train_on_batch", "test_on_batch")
-_ADOPTED = "_tpu_magic_router"
 _MISSING = object()
 _local = threading.local()
 # Process-wide, under the lock: how many cells are inside `cell`, and what keras.Model's own
@@ -79,7 +81,7 @@ def _keras_inherited(name: str) -> Any:
 def _dispatching(name: str):
     def method(model, *args, **kwargs):
         router = None if getattr(_local, "inside", 0) else (
-            getattr(_local, "cell", None) or model.__dict__.get(_ADOPTED))
+            getattr(_local, "cell", None) or _router_of(model))
         if router is None:
             return keras_method(name)(model, *args, **kwargs)
         bound = _SIGNATURE[name].bind(model, *args, **kwargs)
@@ -153,11 +155,11 @@ def adopt(model: Any, router: Router) -> None:
     token batches, then calls `super().fit`), the instance's method runs that override, and
     the Keras method it calls goes to the router: the override is never skipped.
     """
-    object.__setattr__(model, _ADOPTED, router)
+    record.of(model).router = router
     for name in METHODS:
         own = _overriding(type(model), name)
         method = _DISPATCH[name] if own is None else _through(own)
-        object.__setattr__(model, name, types.MethodType(method, model))
+        record.install(model, name, types.MethodType(method, model))
 
 
 def _overriding(cls: type, name: str) -> Any:
@@ -208,17 +210,16 @@ def guarded(model: Any, refusal: Callable[[str], Exception],
 
         return method
 
-    for name in GUARDED:
-        object.__setattr__(model, name, refusing(name))
-    try:
-        yield
-    finally:
+    with contextlib.ExitStack() as stack:
         for name in GUARDED:
-            if name in saved:
-                object.__setattr__(model, name, saved[name])
-            else:
-                model.__dict__.pop(name, None)
+            stack.enter_context(overridden(model, name, refusing(name)))
+        yield
 
 
 def adopted(model: Any) -> bool:
-    return getattr(model, "__dict__", {}).get(_ADOPTED) is not None
+    return _router_of(model) is not None
+
+
+def _router_of(model: Any) -> Any:
+    found = record.find(model)
+    return None if found is None else found.router

@@ -2,7 +2,7 @@
 `connect` (devices, `--simulate`), `devices` (the device view), `data` (NumPy inputs),
 `replica_steps`, `model_parallel` and `placement` (meshes and where variables live),
 `memory` (the memory plan), `parity` (the first-step check), `flops`, `checkpoint`,
-`compile_cache`, `device_loop` and `handed_state` (a call's steps). Keras 3 reaches TPUs
+`compile_cache`, `loop` and `handed_state` (a call's steps). Keras 3 reaches TPUs
 through JAX with `keras.distribution.DataParallel`: the global batch is split over the
 devices, the variables are replicated.
 """
@@ -12,8 +12,11 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Iterator, Mapping
 
-from tpu_magic.backends.jax import compile_cache, connect, device_loop, devices, flops, \
-    handed_state, memory, model_parallel, parity, placement, replica_steps
+from tpu_magic.backends.jax import compile_cache, connect, devices, flops, handed_state, \
+    memory, model_parallel, parity, placement, replica_steps
+from tpu_magic.backends.jax.loop import calls
+from tpu_magic.backends.jax.loop.pace import Pace
+from tpu_magic.core import record
 from tpu_magic.backends.protocol import Named
 from tpu_magic.core.deps import require_jax
 from tpu_magic.core.devices import DeviceView, StepMemory
@@ -32,7 +35,8 @@ class JaxBackend(Named):
     step_sees_global_batch = True
     evaluates_rest = False  # see evaluate_rest
     flops_from_batch = True  # XLA's cost analysis of the step lowered for the fed shapes
-    groups_steps = True  # K steps a dispatch as one program on the devices (`device_loop`)
+    groups_steps = True  # K steps a dispatch as one program on the devices (`loop`)
+    times_steps_as_they_run = True  # K chosen from a call's first steps (`loop.pace`)
 
     def refuses(self, chosen: Target, simulate: int | None) -> str | None:
         if chosen.kind == "tpu" and chosen.address != "local":
@@ -94,14 +98,12 @@ class JaxBackend(Named):
         return None  # JAX compiles every step with XLA anyway
 
     def step_times(self, model: Any, kind: str, batch: Any) -> tuple | None:
-        if not model.jit_compile:  # Keras's eager steps: no compiled program to group
-            return None
-        return device_loop.measured(model, kind, batch)
+        return None  # timed as they train (`times_steps_as_they_run`)
 
     def group_seconds(self, model: Any, kind: str, batch: Any, steps: int) -> float | None:
-        return device_loop.measured_group(model, kind, batch, steps)
+        return None
 
-    def grouped_steps(self, model: Any, steps: int,
+    def grouped_steps(self, model: Any, steps: Any,
                       sources: Mapping[str, Any] | None = None) -> Any:
         return _call_steps(model, steps, dict(sources or {}))
 
@@ -143,6 +145,9 @@ class JaxBackend(Named):
     def one_device_steps(self, model: Any, before: StepState, batches: list,
                          one_device_copy: Callable[[], Any]) -> tuple[dict, StepState]:
         return parity.one_device_steps(model, before, batches)
+
+    def one_device_ahead(self, model: Any, before: StepState, batches: list) -> None:
+        parity.one_device_ahead(model, before, batches)
 
     def step_logs(self, model: Any, logs: dict) -> dict:
         return dict(logs or {})  # a step sees the global batch: its logs are the batch's
@@ -207,8 +212,13 @@ BACKEND = JaxBackend()
 
 
 @contextlib.contextmanager
-def _call_steps(model: Any, steps: int, sources: dict[str, Any]) -> Iterator[None]:
-    """A call's steps: `steps` a dispatch (`device_loop.grouped`), and at any K the state
-    Keras's loop hands back after each execution kept untracked (`handed_state`)."""
-    with handed_state.untracked(model), device_loop.grouped(model, steps, sources):
-        yield
+def _call_steps(model: Any, steps: Any, sources: dict[str, Any]) -> Iterator[Pace]:
+    """A call's steps: K a dispatch (`loop.calls.grouped`), fixed (`steps`, a
+    `training.fit.steps.Steps`) or chosen from its first steps (`steps.AsTheyRun`), and the
+    state Keras's loop hands back after each execution kept untracked (`handed_state`).
+    Yields the call's `Pace` (`result()`: the steps it ran, and why)."""
+    pace = Pace(choose=steps.choose, confirm=steps.confirm, unmeasured=steps.unmeasured,
+                kind=steps.kind, memory=record.of(model).measured) \
+        if hasattr(steps, "choose") else Pace(fixed=steps)
+    with handed_state.untracked(model), calls.grouped(model, pace, sources):
+        yield pace

@@ -189,4 +189,39 @@ def enable(setting: str | None, env: Mapping[str, str], versions: Mapping[str, s
         jax.config.update("jax_compilation_cache_dir", choice.directory)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
     _counter.listen(jax)
+    _writes_whole()
     return choice
+
+
+_whole_writes = threading.Lock()
+
+
+def _writes_whole() -> None:
+    """JAX's file cache writes an entry in place (`LRUCache.put`: `write_bytes`): a process
+    ended while it writes (a kernel shut down or killed mid-compile, a program compiled on
+    a thread of its own when the process exits) leaves a cut entry, which a later process
+    reads back and crashes on (a segmentation fault in `get_executable_and_time`, seen).
+    Here, once a process, an entry is written to a temporary file beside it and renamed
+    into place: it is whole or absent."""
+    from jax._src import lru_cache
+
+    with _whole_writes:
+        if getattr(lru_cache.LRUCache.put, "writes_whole", False):
+            return
+        own = lru_cache.LRUCache.put
+
+        def put(self: Any, key: str, value: bytes) -> None:
+            final = self.path / f"{key}{lru_cache._CACHE_SUFFIX}"
+            part = self.path / f".{key}.{os.getpid()}.{threading.get_ident()}.part"
+            if final.exists() or self.eviction_enabled or not str(final).startswith(os.sep):
+                return own(self, key, value)  # there already, JAX's LRU, or not a local file
+            part.write_bytes(value)
+            try:
+                os.replace(str(part), str(final))  # whole, or not there
+            except OSError:
+                part.unlink(missing_ok=True)
+                raise
+            return None
+
+        put.writes_whole = True  # type: ignore[attr-defined]
+        lru_cache.LRUCache.put = put

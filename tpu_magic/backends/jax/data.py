@@ -150,7 +150,7 @@ class PaddedBatches(keras.utils.PyDataset):
 
     def group(self, first: int, count: int) -> list[tuple[Any, bool]]:
         """This epoch's batches `first` to `first + count - 1`, for a loop that runs them
-        together (`backends.jax.device_loop`): the full ones gathered at once and stacked
+        together (`backends.jax.loop`): the full ones gathered at once and stacked
         along a new first axis ((k, batch, ...) arrays), a short last one on its own, as
         (data, stacked). The same rows, padding and weights as `self[i]` each, in one
         process (several processes read a batch at a time)."""

@@ -1,11 +1,15 @@
 """One device's memory for a training step, planned before the first: Keras's own train
-step lowered and compiled from abstract inputs, read from XLA's memory analysis."""
+step lowered and compiled from abstract inputs, read from XLA's memory analysis. Planned
+for the distribution in force, the step compiled is the one the fit then runs
+(`loop.programs.Programs.abstract_train`): the plan costs no compile of its own."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
+from tpu_magic.backends.jax.loop.programs import programs_of
+from tpu_magic.backends.jax.loop.reading import batch_spec
 from tpu_magic.backends.jax.placement import layout_owners
 from tpu_magic.core.deps import require_jax
 from tpu_magic.core.devices import StepMemory
@@ -30,14 +34,16 @@ def _step_memory(model: Any, batch: Any, planned: Any) -> StepMemory:
 
     jax = require_jax()
     state = _abstract_state(model, planned)
-    data = keras.tree.map_structure(_abstract_batch(keras.distribution.distribution()), batch)
-    compiled = jax.jit(model.train_step, donate_argnums=0).lower(state, data).compile()
+    if planned is None:  # the run's own program, compiled once for both
+        compiled = programs_of(model).abstract_train(state, batch_spec(batch))
+    else:  # another mesh's: compiled to plan it (`--shard auto`'s candidates)
+        data = keras.tree.map_structure(_abstract_batch(keras.distribution.distribution()),
+                                        batch)
+        compiled = jax.jit(model.train_step, donate_argnums=0).lower(state, data).compile()
     stats = compiled.memory_analysis()
 
     def on_one(arrays: Any) -> int:
-        return sum(_bytes_on_one_device(a) if planned is None else
-                   math.prod(a.sharding.shard_shape(a.shape)) * a.dtype.itemsize
-                   for a in jax.tree_util.tree_leaves(arrays))
+        return sum(_bytes_on_one_device(a) for a in jax.tree_util.tree_leaves(arrays))
 
     weights, optimizer = on_one(state[:2]), on_one(state[2])
     return StepMemory(
@@ -49,13 +55,19 @@ def _step_memory(model: Any, batch: Any, planned: Any) -> StepMemory:
 
 
 def _abstract_state(model: Any, planned: Any) -> tuple:
-    """The model's state as its step takes it: the live arrays, or (for `planned`, a
-    distribution) shapes laid out as it would lay them out."""
+    """The model's state as its step takes it, as shapes: laid out as the run's programs
+    take it (`Programs.targets`), or as `planned` (a distribution) would lay it out."""
     jax = require_jax()
-    state = model._get_jax_state(trainable_variables=True, non_trainable_variables=True,
-                                 optimizer_variables=True, metrics_variables=True)
     if planned is None:
-        return state
+        state = model._get_jax_state(trainable_variables=True, non_trainable_variables=True,
+                                     optimizer_variables=True, metrics_variables=True)
+        targets = programs_of(model).targets("train")
+        if targets is None:
+            return jax.tree_util.tree_map(
+                lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), state)
+        return tuple([jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=target)
+                      for a, target in zip(group, group_targets)]
+                     for group, group_targets in zip(state, targets))
     owners = layout_owners(model)
     return tuple([jax.ShapeDtypeStruct(v.shape, v.value.dtype,
                                        sharding=planned.layout_for(v, owners).backend_layout)
@@ -78,5 +90,10 @@ def _abstract_batch(distribution: Any) -> Any:
 
 
 def _bytes_on_one_device(array: Any) -> int:
-    shards = getattr(array, "addressable_shards", None)
-    return int(shards[0].data.nbytes) if shards else int(getattr(array, "nbytes", 0))
+    """An array's (or its abstract shape's) bytes on one device: its shard's, where laid out."""
+    import numpy as np
+
+    shape = tuple(array.shape)
+    sharding = getattr(array, "sharding", None)
+    part = sharding.shard_shape(shape) if sharding is not None else shape
+    return int(math.prod(part)) * np.dtype(array.dtype).itemsize

@@ -14,11 +14,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Iterable
 
+from tpu_magic.core import record
 from tpu_magic.core.deps import require_jax
 from tpu_magic.core.layouts import derived_spec
 from tpu_magic.core.session import Connection
 
-LAYOUT_SOURCE = "_tpu_magic_layout"  # on a variable: where its layout came from, for the report
+LAYOUT_SOURCE = "layout_source"  # kept about a variable: where its layout came from (report)
 
 Owners = Callable[[], Iterable[type]]  # the classes whose layout maps apply, asked when needed
 
@@ -45,7 +46,7 @@ def _model_parallel_class() -> type:
     class DerivedModelParallel(keras.distribution.ModelParallel):
         def __init__(self, *, owners: Owners | None = None, **kwargs: Any):
             super().__init__(**kwargs)
-            self._tpu_magic_owners = owners or tuple
+            self._owners = owners or tuple
 
         def get_variable_layout(self, variable):
             if getattr(variable, "_layout", None) is not None:
@@ -56,7 +57,7 @@ def _model_parallel_class() -> type:
             """The layout of `variable` on this mesh (`owners`: models whose layout maps
             apply, for variables that exist already; else the cell's owners)."""
             return layout_of(self, variable, [type(o) for o in owners] or
-                             list(self._tpu_magic_owners()))
+                             list(self._owners()))
 
     return DerivedModelParallel
 
@@ -75,13 +76,13 @@ def layout_of(distribution: Any, variable: Any, owners: list[type]) -> Any:
         axes = dict(zip(mesh.axis_names, mesh.shape))
         spec = tuple(mapped.axes) + (None,) * (len(shape) - len(mapped.axes))
         if all(a is None or d % axes[a] == 0 for a, d in zip(spec, shape)):
-            setattr(variable, LAYOUT_SOURCE, source)
+            record.keep(variable, LAYOUT_SOURCE, source)
             return mapped
         source = (f"derived: {source}'s {tuple(mapped.axes)} does not divide "
                   f"{shape} over the mesh {dict(axes)}")
     else:
         source = "derived from its shape"
-    setattr(variable, LAYOUT_SOURCE, source)
+    record.keep(variable, LAYOUT_SOURCE, source)
     import keras
 
     columns = mesh.shape[mesh.axis_names.index("model")]
@@ -92,7 +93,10 @@ def layout_of(distribution: Any, variable: Any, owners: list[type]) -> Any:
 def _owners_layout(distribution: Any, path: str, owners: list[type]) -> tuple[Any, str]:
     """The layout the first of `owners` whose `get_layout_map` names `path` gives it, and
     where it came from; (None, "") where none does. Each class's map is made once a mesh."""
-    maps = distribution.__dict__.setdefault("_tpu_magic_own_maps", {})
+    maps = record.kept(distribution, "own_maps")
+    if maps is None:
+        maps = {}
+        record.keep(distribution, "own_maps", maps)
     for owner in owners:
         if not callable(getattr(owner, "get_layout_map", None)):
             continue

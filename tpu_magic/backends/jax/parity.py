@@ -1,12 +1,19 @@
 """The first-step parity check on JAX: the model's state as host arrays, and the same steps
-(or inference) on one device with no distribution in force."""
+(or inference) on one device with no distribution in force.
+
+The one-device step is traced before the fit's first step and compiled on a thread of its
+own while that step compiles and runs (`one_device_ahead`), so the check adds its run, not
+its compile, to the first step; the step run after is that compiled program (kept in the
+model's record)."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable
 
 import numpy as np
 
+from tpu_magic.core import record
 from tpu_magic.core.deps import require_jax
 from tpu_magic.core.steps import StepState, frozen_variables, host_copy, state_groups
 
@@ -20,10 +27,64 @@ def step_state(model: Any) -> StepState:
                        for variables, arrays in zip(state_groups(model), live)))
 
 
+def one_device_ahead(model: Any, before: StepState, batches: list) -> None:
+    """The one-device step `one_device_steps` will run, traced now (with no distribution in
+    force, from the shapes of `before` and the first batch) and compiled on a thread of its
+    own: the fit's first step compiles meanwhile."""
+    import keras
+
+    jax = require_jax()
+    device = jax.local_devices()[0]
+    one = jax.sharding.SingleDeviceSharding(device)
+    live = _live_state(model)
+    state = tuple([jax.ShapeDtypeStruct(np.shape(a), np.asarray(h).dtype if h is not None
+                                        else a.dtype, sharding=one)
+                   for h, a in zip(host, arrays)]
+                  for host, arrays in zip(before.groups, live))
+    batch = jax.tree_util.tree_map(
+        lambda a: jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype, sharding=one),
+        batches[0])
+    distribution = keras.distribution.distribution()
+    keras.distribution.set_distribution(None)
+    try:
+        lowered = _reference_step(model).program.lower(state, batch)
+    finally:
+        keras.distribution.set_distribution(distribution)
+    _reference_step(model).compile_ahead(lowered)
+
+
+class _Reference:
+    """The check's one-device step for one model: jitted once, compiled ahead where asked."""
+
+    def __init__(self, model: Any) -> None:
+        self.program = require_jax().jit(model.train_step)
+        self._thread: threading.Thread | None = None
+
+    def compile_ahead(self, lowered: Any) -> None:
+        # not a daemon: a process that ends meanwhile waits for it, not cut it mid-write
+        self._thread = threading.Thread(target=lowered.compile, name="tpu_magic check")
+        self._thread.start()
+
+    def ready(self) -> Any:
+        """The program, its compile ahead (if any) waited for."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        return self.program
+
+
+def _reference_step(model: Any) -> _Reference:
+    kept = record.of(model)
+    if kept.reference is None:
+        kept.reference = _Reference(model)
+    return kept.reference
+
+
 def one_device_steps(model: Any, before: StepState, batches: list) -> tuple[dict, StepState]:
     """Keras's own `train_step` of the model, compiled for one device (the first local
-    one) with no distribution in force, from `before` (a frozen layer's weights read from
-    the model: the replicated copy already on that device, nothing moved)."""
+    one) with no distribution in force (ahead, where `one_device_ahead` was asked), from
+    `before` (a frozen layer's weights read from the model: the replicated copy already on
+    that device, nothing moved)."""
     import keras
 
     jax = require_jax()
@@ -35,7 +96,7 @@ def one_device_steps(model: Any, before: StepState, batches: list) -> tuple[dict
     distribution = keras.distribution.distribution()
     keras.distribution.set_distribution(None)
     try:
-        step = jax.jit(model.train_step)
+        step = _reference_step(model).ready()
         logs: Any = {}
         for batch in batches:
             logs, state = step(state, jax.device_put(batch, device))

@@ -9,6 +9,7 @@ import dataclasses
 from typing import Any, Iterator
 
 from tpu_magic.backends.jax.model_parallel import LAYOUT_SOURCE
+from tpu_magic.core import record
 from tpu_magic.core.deps import require_jax
 from tpu_magic.core.layouts import VariableShard
 from tpu_magic.core.session import Connection
@@ -91,7 +92,7 @@ def shard_rows(model: Any) -> list[VariableShard]:
         shards = getattr(value, "addressable_shards", None)
         per_device = shards[0].data.nbytes if shards else int(value.nbytes)
         rows.append(VariableShard(variable.path, tuple(variable.shape), spec, per_device,
-                                  int(value.nbytes), getattr(variable, LAYOUT_SOURCE, "")))
+                                  int(value.nbytes), record.kept(variable, LAYOUT_SOURCE, "")))
     return rows
 
 

@@ -34,6 +34,7 @@ class TensorFlowBackend(Named):
     # Keras's own steps_per_execution: a user's K set on the model (`models.setup`), an auto
     # K for each call (`executions.keras_steps`)
     groups_steps = False
+    times_steps_as_they_run = False  # a step is measured before the call (`executions`)
     flops_from_batch = False  # counted from the layers
 
     # -- connecting ------------------------------------------------------------------------
@@ -92,9 +93,9 @@ class TensorFlowBackend(Named):
     def group_seconds(self, model: Any, kind: str, batch: Any, steps: int) -> float | None:
         return None  # `step_times` timed Keras's own loop of several steps already
 
-    def grouped_steps(self, model: Any, steps: int,
+    def grouped_steps(self, model: Any, steps: Any,
                       sources: Mapping[str, Any] | None = None) -> Any:
-        return executions.keras_steps(model, steps)  # Keras's own loop, at `steps`
+        return executions.keras_steps(model, steps)  # Keras's own loop, at `steps.k`
 
     def jit_compile_note(self, connection: Connection, model: Any) -> str | None:
         if getattr(model, "jit_compile", False) is True and \
@@ -136,6 +137,9 @@ class TensorFlowBackend(Named):
     def one_device_steps(self, model: Any, before: StepState, batches: list,
                          one_device_copy: Callable[[], Any]) -> tuple[dict, StepState]:
         return parity.one_device_steps(model, before, batches, one_device_copy)
+
+    def one_device_ahead(self, model: Any, before: StepState, batches: list) -> None:
+        return None  # a copy of the model is built and traced where it runs
 
     def step_logs(self, model: Any, logs: dict) -> dict:
         return parity.step_logs(model, logs)

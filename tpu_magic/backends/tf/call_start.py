@@ -24,6 +24,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Iterator
 
+from tpu_magic.core.overrides import overridden
+
 _HOOK = "_maybe_symbolic_build"
 
 
@@ -50,11 +52,8 @@ def without_build_batch(model: Any) -> Iterator[None]:
         if callable(skipped):
             skipped()
 
-    object.__setattr__(model, _HOOK, maybe_symbolic_build)
-    try:
+    with overridden(model, _HOOK, maybe_symbolic_build):
         yield
-    finally:
-        model.__dict__.pop(_HOOK, None)
 
 
 def _first_part(strategy: Any, iterator: Any) -> Any:

@@ -15,12 +15,11 @@ import contextlib
 import time
 from typing import Any, Iterator
 
+from tpu_magic.core import record
 from tpu_magic.core.deps import require_tensorflow
-from tpu_magic.core.steps import TRACED, batch_signature, state_groups
+from tpu_magic.core.steps import batch_signature, state_groups
 
 _NAMES = ("train_function", "test_function", "predict_function")
-_KEPT = "_tpu_magic_functions"  # on a model: Keras's traced functions, by (generation, K)
-_MEASURED = "_tpu_magic_measured"  # on a model: `measured`'s times, by kind and batch type
 LONG = 4  # steps of the longer of the two timed executions
 SLOW = 0.05  # seconds: a step this long is timed twice, not five times
 
@@ -46,15 +45,15 @@ def measured(model: Any, kind: str, batch: Any) -> tuple[float, float] | None:
         return None
     if (kind == "predict" and not model.built) or (kind != "predict" and not model.compiled):
         return None
-    key = (kind, batch_signature(batch), model.__dict__.get(TRACED))
-    earlier = model.__dict__.get(_MEASURED, {})
-    if key not in earlier:
+    kept = record.of(model)  # measured once a generation of its functions (a retrace drops it)
+    key = (kind, batch_signature(batch))
+    if key not in kept.measured:
         try:
             times = _timed(model, kind, batch, strategy)
         except Exception:  # noqa: BLE001 - not measured: one step an execution, as Keras
             times = None
-        object.__setattr__(model, _MEASURED, {**earlier, key: times})
-    return model.__dict__[_MEASURED][key]
+        kept.measured = {**kept.measured, key: times}
+    return kept.measured[key]
 
 
 def _timed(model: Any, kind: str, batch: Any, strategy: Any) -> tuple[float, float]:
@@ -128,27 +127,39 @@ def _kept_state(model: Any) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def keras_steps(model: Any, steps: int) -> Iterator[None]:
-    """While a call runs: Keras's own `steps_per_execution` at `steps`, with the functions
-    Keras traced at that K for this generation of the model's settings (none: Keras traces
-    them); afterwards the model's own K and functions again, the new ones kept."""
-    own = model.steps_per_execution
+def keras_steps(model: Any, chosen: Any) -> Iterator[Any]:
+    """While a call runs: Keras's own `steps_per_execution` at `chosen.k` (a
+    `training.fit.steps.Steps`), with the functions Keras traced at that K for this
+    generation of the model's settings (none: Keras traces them); afterwards the model's
+    own K and functions again, the new ones kept. Yields what the call ran (`result()`)."""
+    ran = _Ran(chosen)
+    own, steps = model.steps_per_execution, chosen.k
     if steps == own:
-        yield
+        yield ran
         return
-    generation = model.__dict__.get(TRACED)
-    kept = {key: f for key, f in model.__dict__.get(_KEPT, {}).items()
-            if key[0] is generation}
+    own_record = record.of(model)  # kept for this generation (a retrace drops them)
+    kept = own_record.functions
     theirs = {name: getattr(model, name, None) for name in _NAMES}
     for name in _NAMES:
-        setattr(model, name, kept.get((generation, steps, name)))
+        setattr(model, name, kept.get((steps, name)))
     model.steps_per_execution = steps
     try:
-        yield
+        yield ran
     finally:
-        made = {(generation, steps, name): getattr(model, name) for name in _NAMES
+        made = {(steps, name): getattr(model, name) for name in _NAMES
                 if getattr(model, name, None) is not None}
-        object.__setattr__(model, _KEPT, {**kept, **made})
+        if own_record.functions is kept:  # no retrace while the call ran
+            own_record.functions = {**kept, **made}
         model.steps_per_execution = own
         for name, function in theirs.items():
             setattr(model, name, function)
+
+
+class _Ran:
+    """What a call ran: the steps it was given (Keras's own loop runs them as they are)."""
+
+    def __init__(self, steps: Any) -> None:
+        self._steps = steps
+
+    def result(self) -> Any:
+        return self._steps

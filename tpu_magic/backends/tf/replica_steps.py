@@ -8,6 +8,7 @@ import contextlib
 import threading
 from typing import Any, Iterator
 
+from tpu_magic.core import record
 from tpu_magic.core.deps import require_tensorflow
 from tpu_magic.core.session import Connection
 
@@ -103,12 +104,9 @@ def _optimizers_of(model: Any) -> list[Any]:
     return list(unique.values())
 
 
-_AVERAGED = "_tpu_magic_averages_gradients"
-
-
 def _average_gradients(optimizer: Any) -> None:
     """The optimizer all-reduces gradients to their mean over the replicas (Keras: the sum)."""
-    if getattr(optimizer, _AVERAGED, False):
+    if "_all_reduce_sum_gradients" in record.installed(optimizer):
         return
     tf = require_tensorflow()
     summed = optimizer._all_reduce_sum_gradients
@@ -121,8 +119,7 @@ def _average_gradients(optimizer: Any) -> None:
             return reduced
         return [(None if g is None else _divided(tf, g, replicas), v) for g, v in reduced]
 
-    object.__setattr__(optimizer, "_all_reduce_sum_gradients", all_reduce_mean)
-    object.__setattr__(optimizer, _AVERAGED, True)
+    record.install(optimizer, "_all_reduce_sum_gradients", all_reduce_mean)
 
 
 def _divided(tf: Any, gradient: Any, n: int) -> Any:

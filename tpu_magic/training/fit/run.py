@@ -70,12 +70,14 @@ def ready(plan: FitPlan, built: Built, requested: int | None) -> FitPlan:
 
 def steps_for(connection: Any, model: Any, built: Built, requested: int | None, kind: str,
               given_callbacks: Any = None, first: Callable[[], Any] | None = None
-              ) -> steps.Steps:
-    """The steps an execution of a call (`steps.chosen`), from its `kind` ("train", "test",
-    "predict") step measured on its first batch where the backend can. On a backend that
-    runs Keras's own `steps_per_execution`, a user's K is the model's
-    (`models.setup.prepare` set it), and an auto K divides the steps the call names (Keras
-    runs whole executions of K on an endless input)."""
+              ) -> steps.Steps | steps.AsTheyRun:
+    """The steps an execution of a call (`steps.chosen`): decided before it runs where
+    nothing need be measured; else, on a backend that times a call's steps as they train,
+    chosen from its first steps (`steps.AsTheyRun`); else from its `kind` ("train",
+    "test", "predict") step measured on its first batch. On a backend that runs Keras's
+    own `steps_per_execution`, a user's K is the model's (`models.setup.prepare` set it),
+    and an auto K divides the steps the call names (Keras runs whole executions of K on an
+    endless input)."""
     backend = connection.backend
     cannot = backend.steps_per_execution_note(connection, 2)
     if cannot:
@@ -87,12 +89,19 @@ def steps_for(connection: Any, model: Any, built: Built, requested: int | None, 
                                else "the model's own steps_per_execution")
         divides = _whole_executions(built)
     hooks = batch_hooks(given_callbacks)
-    wanted = requested is None and model.steps_per_execution <= 1 and not hooks and \
-        not model.run_eagerly
-    batch = None
-    if wanted:
-        batch = first() if first is not None else None
-        batch = batch if batch is not None else first_batch(built, read=True)
+    decided = steps.decided(requested, model.steps_per_execution, built.epoch_steps, hooks)
+    if decided is not None:
+        return decided
+    if model.run_eagerly or not getattr(model, "jit_compile", True):
+        return steps.Steps(1, "one step an execution: the model's steps run without XLA "
+                              "(run_eagerly or jit_compile=False)")
+    memory = backend.device_view(connection, {}).memory
+    known = memory is not None and memory.total_gib and memory.total_from != "host"
+    device_bytes = memory.total_gib * 2 ** 30 if known else None
+    if backend.times_steps_as_they_run:
+        return steps.AsTheyRun(built.epoch_steps, device_bytes, connection.replicas, kind=kind)
+    batch = first() if first is not None else None
+    batch = batch if batch is not None else first_batch(built, read=True)
 
     def measure() -> steps.StepTimes | None:
         if batch is None:
@@ -105,12 +114,9 @@ def steps_for(connection: Any, model: Any, built: Built, requested: int | None, 
         with connection.strategy.scope():
             return backend.group_seconds(model, kind, batch, k)
 
-    memory = backend.device_view(connection, {}).memory if batch is not None else None
-    known = memory is not None and memory.total_gib and memory.total_from != "host"
     return steps.chosen(requested, model.steps_per_execution, measure, built.epoch_steps,
-                        _bytes(batch) // max(connection.replicas, 1),
-                        memory.total_gib * 2 ** 30 if known else None, hooks, divides,
-                        confirm)
+                        _bytes(batch) // max(connection.replicas, 1), device_bytes, hooks,
+                        divides, confirm)
 
 
 def _whole_executions(built: Built) -> int | None:
@@ -193,7 +199,7 @@ def run_fit(plan: FitPlan, built: Built, hooks: FitHooks, measures: Measures) ->
         call["verbose"] = 0
     compiled_before = connection.backend.compile_counts()
     try:
-        with connection.backend.grouped_steps(model, plan.steps.k, built.own):
+        with connection.backend.grouped_steps(model, plan.steps, built.own) as pace:
             history, ctrl_c, failure = _keras_fit(model, call, plan.named, hooks.progress,
                                                   connection.strategy)
     finally:  # Keras's `on_train_end` does not run where a fit fails or is interrupted
@@ -217,7 +223,7 @@ def run_fit(plan: FitPlan, built: Built, hooks: FitHooks, measures: Measures) ->
                          if compiled_before is not None else None),
             checkpoints=tuple(str(p) for p in hooks.saver.written) if hooks.saver else (),
             resumed_from=str(plan.resume_from.path) if plan.resume_from is not None else None,
-            ctrl_c=ctrl_c, failure=failure, execution=plan.steps)
+            ctrl_c=ctrl_c, failure=failure, execution=pace.result())
     except Exception as exc:  # noqa: BLE001 - the outcome's figures add notes, never an error
         return FitOutcome.bare(history, interrupted, ctrl_c, failure,
                                f"the fit's figures were left out of the report "

@@ -58,13 +58,14 @@ def chosen(requested: int | None, own: int, measure: Callable[[], StepTimes | No
            epoch_steps: int | None, batch_bytes: int, device_bytes: float | None,
            batch_hooks: list[str], divides: int | None = None,
            confirm: Callable[[int], float | None] | None = None) -> Steps:
-    """The steps an execution for one call.
+    """The steps an execution for one call, from a step measured before it runs (a backend
+    that cannot time the steps as they train: TensorFlow's).
 
     Args:
         requested: `--steps-per-execution` (None: not given).
         own: the model's own `steps_per_execution` (what `compile` was given).
         measure: a step's times on this setup, asked only where more than one step an
-            execution could be chosen (None: not measured, e.g. TensorFlow).
+            execution could be chosen (None: not measured).
         epoch_steps: the steps of one pass over the input (None: not known).
         batch_bytes: one batch's bytes on a device.
         device_bytes: a device's memory (None: not known).
@@ -73,6 +74,27 @@ def chosen(requested: int | None, own: int, measure: Callable[[], StepTimes | No
             input, Keras's own, would read past the steps the call names; None: nothing).
         confirm: seconds a step when K steps run as one dispatch, measured (`_confirmed`).
     """
+    found = decided(requested, own, epoch_steps, batch_hooks)
+    if found is not None:
+        return found
+    measured = measure()
+    if measured is None:
+        return Steps(1, "one step an execution: no step was measured on this device")
+    steps = from_times(measured, epoch_steps, batch_bytes, device_bytes, divides)
+    if steps.k <= 1:
+        return steps
+    host = measured.host + KERAS_LOOP_SECONDS
+    grouped = confirm(steps.k) if confirm is not None else None
+    if grouped is None:
+        return steps
+    return confirmed(steps, grouped, max(measured.device, 1e-7) + host,
+                     KERAS_LOOP_SECONDS / steps.k)
+
+
+def decided(requested: int | None, own: int, epoch_steps: int | None,
+            batch_hooks: list[str]) -> Steps | None:
+    """The steps an execution where nothing need be measured (see `chosen`); None where
+    they are chosen from a step's times."""
     if requested is not None:
         return Steps(requested, "--steps-per-execution")
     if own > 1:
@@ -82,9 +104,50 @@ def chosen(requested: int | None, own: int, measure: Callable[[], StepTimes | No
                         "own execution")
     if epoch_steps is not None and epoch_steps // EXECUTIONS <= 1:
         return Steps(1, f"the epoch's {epoch_steps} steps are too few to group")
-    measured = measure()
-    if measured is None:
-        return Steps(1, "one step an execution: no step was measured on this device")
+    return None
+
+
+@dataclass(frozen=True)
+class AsTheyRun:
+    """K chosen from the call's first steps as they train (a backend that times them:
+    `Backend.times_steps_as_they_run`), with the same arithmetic as `chosen`.
+
+    Attributes:
+        epoch_steps / device_bytes / replicas / divides: as for `from_times` (one batch's
+            bytes come with the times: the backend reads them off the batch).
+        kind: the call's own steps, the ones timed ("train", "test", "predict").
+        unmeasured: the steps of a call that ended before a step was timed.
+        k: the first execution's steps (one: the steps to time).
+    """
+
+    epoch_steps: int | None
+    device_bytes: float | None
+    replicas: int
+    divides: int | None = None
+    kind: str = "train"
+    k: int = 1
+    unmeasured: Steps = Steps(1, "one step an execution: the call ended before a step was "
+                                 "timed")
+
+    def choose(self, device: float, host: float, bound: tuple[int, str] | None, timed: int,
+               batch_bytes: int) -> Steps:
+        """K from `timed` steps' medians: a step's device seconds, the host's an execution
+        (Keras's loop and the callbacks measured with it), the backend's bound on a group."""
+        times = StepTimes(device, max(host - KERAS_LOOP_SECONDS, 0.0), bound)
+        found = from_times(times, self.epoch_steps, batch_bytes // max(self.replicas, 1),
+                           self.device_bytes, self.divides)
+        return Steps(found.k, found.why.replace("auto: ", f"auto, from the first {timed} "
+                                                         f"step{'s' * (timed != 1)}: ", 1))
+
+    @staticmethod
+    def confirm(steps: Steps, grouped: float, alone: float) -> Steps:
+        return confirmed(steps, grouped, alone)
+
+
+def from_times(measured: StepTimes, epoch_steps: int | None, batch_bytes: int,
+               device_bytes: float | None, divides: int | None = None) -> Steps:
+    """K from a step's times: the smallest for which the host's work an execution is at
+    most `HOST_SHARE` of its device time, bounded (see the module's docstring)."""
     host = measured.host + KERAS_LOOP_SECONDS
     device = max(measured.device, 1e-7)
     wanted = math.ceil(host * (1 - HOST_SHARE) / HOST_SHARE / device)
@@ -109,20 +172,18 @@ def chosen(requested: int | None, own: int, measure: Callable[[], StepTimes | No
         most, bound = k, f"the call's {divides} steps a pass, which K divides"
     if k <= 1:
         return Steps(1, f"auto: {said}; one step a dispatch, bounded by {bound}")
-    why = f"auto: {said}; {k} steps a dispatch keep the host under {HOST_SHARE:.0%}"
     if most < wanted:
-        why = f"auto: {said}; {k} steps a dispatch, bounded by {bound}"
-    return _confirmed(Steps(k, why), said, device + host, confirm)
+        return Steps(k, f"auto: {said}; {k} steps a dispatch, bounded by {bound}")
+    return Steps(k, f"auto: {said}; {k} steps a dispatch keep the host under {HOST_SHARE:.0%}")
 
 
-def _confirmed(steps: Steps, said: str, alone: float,
-               confirm: Callable[[int], float | None] | None) -> Steps:
-    """`steps`, where its group, measured, runs a step faster than one step a dispatch does
-    (`alone`: a step's device time and the host's work an execution); else one step a
-    dispatch. A group's program is compiled and scheduled as a whole, and is not always as
-    fast a step (an LSTM's on the CPU: docs/benchmarks.md)."""
-    grouped = confirm(steps.k) if confirm is not None else None
-    if grouped is None or grouped + KERAS_LOOP_SECONDS / steps.k < alone:
+def confirmed(steps: Steps, grouped: float, alone: float, overhead: float = 0.0) -> Steps:
+    """`steps`, where its group, measured, runs a step (`grouped` seconds, and `overhead`:
+    host work a step not in them) faster than one step a dispatch does (`alone`: a step's
+    device time and the host's work an execution); else one step a dispatch. A group's
+    program is compiled and scheduled as a whole, and is not always as fast a step (an
+    LSTM's on the CPU: docs/benchmarks.md)."""
+    if grouped + overhead < alone:
         return steps
     return Steps(1, f"{steps.why}, but that group measured {_ms(grouped)} a step against "
                     f"{_ms(alone)} one a dispatch: one step a dispatch")

@@ -37,11 +37,11 @@ from keras import ops
 # Keras 3 keeps an output's mask as a tensor attribute; these are its own accessors.
 from keras.src.backend.common.masking import get_keras_mask, set_keras_mask
 
+from tpu_magic.core import record
+from tpu_magic.core.overrides import without
 from tpu_magic.core.packed import MASK, REAL, WEIGHT, is_packed
 
 _KERAS_STEPS = ("train_step", "test_step", "compute_loss", "compute_metrics")
-_ENABLED = "_tpu_magic_exact"  # on the model: the loss tracker the overrides were put on
-_REAL_NOW = "_tpu_magic_real_rows"  # on the model: the real samples' worth of the traced step
 
 
 def keras_steps(model: Any) -> bool:
@@ -132,9 +132,10 @@ def enable(model: Any, replica_sum: Callable[[Any], Any] = lambda value: value) 
         True when they were (re)installed: functions traced before must be traced again.
     """
     tracker = getattr(model, "_loss_tracker", None)
-    if tracker is None or not keras_steps(model) or model.__dict__.get(_ENABLED) is tracker:
+    kept = record.of(model)
+    if tracker is None or not keras_steps(model) or kept.exact is tracker:
         return False
-    object.__setattr__(model, "compute_loss", _exact_compute_loss(model, replica_sum))
+    record.install(model, "compute_loss", _exact_compute_loss(model, replica_sum))
     _weigh_by_real_samples(model, tracker)
     compiled_loss = getattr(model, "_compile_loss", None)
     if compiled_loss is not None:
@@ -143,7 +144,7 @@ def enable(model: Any, replica_sum: Callable[[Any], Any] = lambda value: value) 
     compiled_metrics = getattr(model, "_compile_metrics", None)
     if compiled_metrics is not None:
         _mask_metrics(compiled_metrics)
-    object.__setattr__(model, _ENABLED, tracker)
+    kept.exact = tracker
     return True
 
 
@@ -151,26 +152,26 @@ def _exact_compute_loss(model: Any, replica_sum: Callable[[Any], Any]) -> Callab
     """The model's `compute_loss` over padded batches: its class's own, given the weight of
     `_weight_for` where a batch is packed or an output is masked."""
     original_loss = type(model).compute_loss.__get__(model)
+    kept = record.of(model)
 
     def compute_loss(x=None, y=None, y_pred=None, sample_weight=None, training=True):
         predictions = keras.tree.flatten(y_pred)
         masks = [get_keras_mask(p) for p in predictions]
         packed = is_packed(sample_weight)
         if not packed and (all(m is None for m in masks) or not _one_weight(sample_weight)):
-            object.__setattr__(model, _REAL_NOW, None)
+            kept.real_rows = None
             return original_loss(x, y, y_pred, sample_weight, training=training)
         if packed:
             real = ops.cast(sample_weight[REAL], "float32")
             users = ops.cast(sample_weight[WEIGHT], "float32")  # (B,) or per timestep (B, T)
             rows = ops.cast(sample_weight[MASK], "float32")
             # This step's (replica's) rows times the batch's real share: its real samples' worth.
-            object.__setattr__(model, _REAL_NOW,
-                               ops.cast(ops.shape(real)[0], "float32") * ops.mean(real))
+            kept.real_rows = ops.cast(ops.shape(real)[0], "float32") * ops.mean(real)
         else:  # whole batches, a masked output: only its normalization needs care
             rows = ops.ones((ops.shape(predictions[0])[0],), "float32")
             real = rows
             users = rows if sample_weight is None else ops.cast(sample_weight, "float32")
-            object.__setattr__(model, _REAL_NOW, None)
+            kept.real_rows = None
         weights = [_weight_for(mask, rows, real, users, replica_sum) for mask in masks]
         if len(weights) == 1:
             weight = _per_output(weights[0], y)
@@ -234,12 +235,13 @@ def _weigh_by_real_samples(model: Any, tracker: Any) -> None:
     alike); the real samples' worth from `compute_loss` does not depend on it.
     """
     original = tracker.update_state
+    kept = record.of(model)
 
     def update_state(values, sample_weight=None):
-        real = model.__dict__.get(_REAL_NOW)
+        real = kept.real_rows
         return original(values, sample_weight=sample_weight if real is None else real)
 
-    object.__setattr__(tracker, "update_state", update_state)
+    record.install(tracker, "update_state", update_state)
 
 
 def _on_build(compiled_loss: Any, then: Any) -> None:
@@ -253,7 +255,7 @@ def _on_build(compiled_loss: Any, then: Any) -> None:
         original(y_true, y_pred)
         then()
 
-    object.__setattr__(compiled_loss, "build", build)
+    record.install(compiled_loss, "build", build)
 
 
 def _mask_metrics(compiled_metrics: Any) -> None:
@@ -278,7 +280,7 @@ def _mask_metrics(compiled_metrics: Any) -> None:
                 for each in inner if metric else []:
                     each.update_state(truth, prediction, _metric_weight(each, weight, truth))
 
-    object.__setattr__(compiled_metrics, "update_state", update_state)
+    record.install(compiled_metrics, "update_state", update_state)
 
 
 # Keras's metrics that shape a per-row weight (B,) themselves (F1Score's `expand_dims`)
@@ -319,9 +321,6 @@ def why_not_exact(model: Any, has_targets: bool, rest_on_one_device: bool = Fals
                "them)."))
 
 
-_OVERRIDES = ("compute_loss", "update_state", "build")
-
-
 @contextlib.contextmanager
 def suspended(model: Any) -> Iterator[None]:
     """Plain Keras's steps for a while: the overrides `enable` put on the model, its loss
@@ -331,10 +330,8 @@ def suspended(model: Any) -> Iterator[None]:
     owners = [model, getattr(model, "_loss_tracker", None), compiled_loss,
               getattr(model, "_compile_metrics", None),
               *(getattr(compiled_loss, "metrics", None) or [])]
-    saved = [(owner, name, owner.__dict__.pop(name)) for owner in owners if owner is not None
-             for name in _OVERRIDES if name in getattr(owner, "__dict__", {})]
-    try:
+    with contextlib.ExitStack() as stack:
+        for owner in owners:
+            if owner is not None:
+                stack.enter_context(without(owner, list(record.installed(owner))))
         yield
-    finally:
-        for owner, name, value in saved:
-            object.__setattr__(owner, name, value)

@@ -16,6 +16,7 @@ import math
 import sys
 from typing import Any, Mapping
 
+from tpu_magic.core import record
 from tpu_magic.core.batching import TPU_TILE, BatchPlan, plan_batches, scaled_learning_rate
 from tpu_magic.core.errors import BatchSizeError, InputError
 
@@ -328,12 +329,9 @@ def _unit(connection: Any) -> int:
     return connection.replicas * (TPU_TILE if connection.tpu_rules else 1)
 
 
-_BASE_RATE = "_tpu_magic_base_learning_rate"  # on the model: its rate before --scale-lr
-
-
 def scale_learning_rate(model: Any, plan: BatchPlan) -> str | None:
     """`--scale-lr`: the rate tuned for one replica's batch times the replicas, once per model
-    (the first rate is kept on the model). Returns what to say (None: no optimizer)."""
+    (the first rate is kept in the model's record). Returns what to say (None: no optimizer)."""
     optimizer = getattr(model, "optimizer", None)
     if optimizer is None:
         return None
@@ -341,10 +339,10 @@ def scale_learning_rate(model: Any, plan: BatchPlan) -> str | None:
     if _is_keras(optimizer.learning_rate, *schedule) or \
             _is_keras(getattr(optimizer, "_learning_rate", None), *schedule):
         return "--scale-lr: the learning rate is a schedule, left as it is"
-    base = model.__dict__.get(_BASE_RATE)
-    if base is None:
-        base = float(optimizer.learning_rate.numpy())
-        object.__setattr__(model, _BASE_RATE, base)
+    kept = record.of(model)
+    if kept.base_rate is None:
+        kept.base_rate = float(optimizer.learning_rate.numpy())
+    base = kept.base_rate
     scaled = scaled_learning_rate(base, plan)
     optimizer.learning_rate = scaled
     return (f"--scale-lr: learning rate {base:g} → {scaled:g} (×{plan.replicas}: global "

@@ -14,19 +14,17 @@ from typing import Any
 
 import keras
 
-from tpu_magic.core.steps import TRACED
+from tpu_magic.core import record
 from tpu_magic.training.inputs import exactness
 from tpu_magic.training.inputs import planning
 from tpu_magic.training.models import precision
-
-_STATE = "_tpu_magic_state"  # on the model: which variables its traced functions take
-
 
 def prepare(model: Any, connection: Any, steps_per_execution: int | None,
             chosen: precision.Precision | None, label: str) -> list[str]:
     """Puts the settings on `model`. Returns the notes to say."""
     notes = []
-    retrace = model.__dict__.get(TRACED) is None
+    kept = record.of(model)
+    retrace = kept.traced_state is None  # the first time tpu_magic runs the model
     if not connection.backend.groups_steps:  # else set for each call (`fit.steps`)
         k = steps_per_execution or model.steps_per_execution
         cannot = connection.backend.steps_per_execution_note(connection, k)
@@ -49,12 +47,11 @@ def prepare(model: Any, connection: Any, steps_per_execution: int | None,
     changed, said = precision.keep_outputs_float32(chosen, model, label)
     notes += said
     state = state_key(model)
-    if model.__dict__.get(_STATE) != state:  # variables frozen, unfrozen, merged or swapped
-        object.__setattr__(model, _STATE, state)
+    if kept.traced_state != state:  # variables frozen, unfrozen, merged or swapped
+        kept.traced_state = state
         retrace = True
     if changed or retrace:
-        model.train_function = model.test_function = model.predict_function = None
-        object.__setattr__(model, TRACED, object())  # a new generation of its functions
+        record.invalidate(model)  # a new generation of its functions and programs
     return notes
 
 
@@ -64,12 +61,13 @@ def settle_traced_state(model: Any) -> None:
     so the next call does not retrace for it, as plain Keras does not (a retrace compiles
     the step again, and on TensorFlow holds a second trace). Anything else that changed
     during the call (a callback unfreezing a layer) still retraces the next one."""
-    before = model.__dict__.get(_STATE)
+    kept = record.of(model)
+    before = kept.traced_state
     if before is None:
         return
     after = state_key(model)
     if after != before and _built_since(before, after):
-        object.__setattr__(model, _STATE, after)
+        kept.traced_state = after
 
 
 def _built_since(before: tuple, after: tuple) -> bool:

@@ -47,6 +47,10 @@ class FirstStep(keras.callbacks.Callback):
         whole: makes the means to run the fit with every replica computing the whole batch
             (the backend's `whole_batch`, or None where it cannot), tried where the split
             steps differ; None: not tried.
+        ahead: (model, the state before, the first execution's batches) makes the
+            one-device steps ready while the first step compiles (the backend's
+            `one_device_ahead`); None: nothing ahead.
+        first_steps: the first execution's steps (the batches `ahead` is given).
 
     After fit, `outcome` is a `Parity` or `Skipped` (None: the first step never ended).
     Where the outcome is known before the fit (a setup agreed earlier, a first batch that
@@ -73,8 +77,11 @@ class FirstStep(keras.callbacks.Callback):
                  inference: Callable[[Any, Any, Any], tuple[dict, dict] | None] | None = None,
                  step_logs: Callable[[Any, dict], dict] = lambda model, logs: dict(logs or {}),
                  setup_before: str | None = None,
-                 whole: Callable[[], Any] | None = None):
+                 whole: Callable[[], Any] | None = None,
+                 ahead: Callable[[Any, StepState, list], None] | None = None,
+                 first_steps: int = 1):
         super().__init__()
+        self._ahead, self._first_steps = ahead, first_steps
         self._inference, self._step_logs = inference, step_logs
         self._whole, self._kept = whole, None  # the whole-batch run, once kept
         self._state, self._first_batches, self._reference = state, first_batches, reference
@@ -106,6 +113,19 @@ class FirstStep(keras.callbacks.Callback):
             self._skip(_could_not("copy the state before the step", exc))
             return
         self._copy_seconds = time.perf_counter() - start
+        self._make_ready()
+
+    def _make_ready(self) -> None:
+        """The one-device steps readied while the first step compiles (`ahead`); where that
+        fails they are made when compared, as without it."""
+        if self._ahead is None:
+            return
+        start = time.perf_counter()
+        batches = self._first_batches(self._first_steps) or []
+        if len(batches) == self._first_steps:
+            with contextlib.suppress(Exception):
+                self._ahead(self.model, self._before, [real_rows(b)[0] for b in batches])
+        self._copy_seconds += time.perf_counter() - start
 
     def on_train_batch_end(self, batch, logs=None):
         if self._done or self._before is None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable
 
+from tpu_magic.core import record
 from tpu_magic.core.session import Connection
 from tpu_magic.training.placement import memory_plan
 from tpu_magic.training.request import Shard, TrainRequest
@@ -84,7 +85,8 @@ def settle(placement: Placement, request: TrainRequest, model: Any,
         return placement
     batch = first_batch()
     key = _settled_key(placement, request, model, batch)
-    earlier = model.__dict__.get(_SETTLED, {})
+    kept = record.of(model)
+    earlier = kept.settled
     if key in earlier:
         found = earlier[key]
         return found if not placement.settled else replace(placement,
@@ -100,11 +102,8 @@ def settle(placement: Placement, request: TrainRequest, model: Any,
     else:
         settled = replace(placement, memory_plan=memory_plan.before_fit(
             connection, model, batch, request.plan_for))
-    object.__setattr__(model, _SETTLED, {**earlier, key: settled})
+    kept.settled = {**earlier, key: settled}
     return settled
-
-
-_SETTLED = "_tpu_magic_settled"  # on a model: the placements settled for it, by `_settled_key`
 
 
 def _settled_key(placement: Placement, request: TrainRequest, model: Any, batch: Any) -> tuple:

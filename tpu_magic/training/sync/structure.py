@@ -19,6 +19,8 @@ from typing import Any, Callable
 import keras
 import numpy as np
 
+from tpu_magic.core import record
+
 # What a copy for predicting leaves out of a model (set to None on the copy).
 TRAINING_ONLY = ("optimizer", "train_function", "test_function", "predict_function",
                  "_jax_state", "history", "_compile_loss", "_compile_metrics", "loss",
@@ -46,7 +48,7 @@ def structural_copy(model: Any, values: Callable[[Any], np.ndarray]) -> Any:
         shell = memo[id(layer)]
         # item by item: a temporary dict's id could be one `memo` already holds
         shell.__dict__.update({key: _copied(value, memo)
-                               for key, value in _keras_own(layer.__dict__).items()})
+                               for key, value in _keras_own(layer).items()})
     copied = memo[id(model)]
     for name in TRAINING_ONLY:
         if name in copied.__dict__ and not isinstance(copied.__dict__[name], bool):
@@ -55,19 +57,13 @@ def structural_copy(model: Any, values: Callable[[Any], np.ndarray]) -> Any:
     return copied
 
 
-OURS = "_tpu_magic"  # the prefix of what tpu_magic keeps on a model (settings, loops, routes)
-ROUTED = ("fit", "evaluate", "predict", "predict_on_batch", "train_on_batch", "test_on_batch")
-
-
-def _keras_own(attributes: dict) -> dict:
-    """A layer's attributes less what tpu_magic put on it: its own (`_tpu_magic_*`: the
-    cell's router, placements, compiled loops), an adopted model's routed methods, and the
-    exactness override of `compute_loss` (it closes over the trained model). The copy is a
-    plain Keras model; nothing of the cell is reached through it."""
-    exact = any(key.startswith(OURS + "_exact") for key in attributes)
-    return {key: value for key, value in attributes.items()
-            if not key.startswith(OURS) and key not in ROUTED
-            and not (exact and key == "compute_loss")}
+def _keras_own(layer: Any) -> dict:
+    """A layer's attributes less the methods tpu_magic installed on it (`core.record`: an
+    adopted model's routed methods, the exactness override of `compute_loss`, which closes
+    over the trained model). The copy is a plain Keras model; nothing of the cell is
+    reached through it."""
+    ours = record.installed(layer)
+    return {key: value for key, value in layer.__dict__.items() if key not in ours}
 
 
 def _variables(layers: list) -> list:

@@ -5,25 +5,30 @@ Keras's `EpochIterator` counts K steps for every execution, read or not, and sta
 input over from its start once that count reaches the input's batches. An execution the
 epoch's end cuts short (29 steps an epoch at K = 25: 25, then 4) is counted as 25 all the
 same, so a later epoch starts the input over early and trains on other batches than plain
-Keras does. Here each execution is told its steps before it runs (`Reads.limit`: K, or fewer
-where the epoch or the input's pass ends first, as one step an execution would stop) and
-the batches it read are counted (`Reads.count`); one step an execution, Keras's own count
-is exact already.
+Keras does. Here each execution is told its steps before it runs (`Reads.limit`: the call's
+K at that step, `pace.Pace.limit`, or fewer where the epoch or the input's pass ends first,
+as one step an execution would stop) and the batches it read are counted (`Reads.count`).
+Keras makes its epoch iterators by name (`trainer.JAXEpochIterator`): while a grouped call
+runs they are this module's, each asking the pace of the call on whose thread it was made.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
 from typing import Any, Iterator
 
 from tpu_magic.core.overrides import ProcessSwap
+
+_local = threading.local()  # the pace of the grouped call running on this thread
 
 
 class Reads:
     """One pass of an input as the executions read it: an iterator that gives at most
     `limit` batches an execution (then StopIteration), counting them (`count`: this
     execution's, `done`: the pass's). A loop that reads the pass from elsewhere (tpu_magic's
-    own pipeline, `device_loop`) says what it took (`took`)."""
+    own pipeline, `reading.Reader`) says what it took (`took`)."""
 
     def __init__(self, batches: Iterator[Any]) -> None:
         self.batches = batches
@@ -55,6 +60,13 @@ def _counting_class(keras_own: type) -> type:
 
         _reads: Reads | None = None
 
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._pace = getattr(_local, "pace", None)
+
+        def _steps(self, step: int) -> int:
+            return self.steps_per_execution if self._pace is None else self._pace.limit(step)
+
         def _new_pass(self) -> None:
             self._current_iterator = iter(self._get_iterator())
             self._reads = Reads(self._current_iterator)
@@ -72,7 +84,7 @@ def _counting_class(keras_own: type) -> type:
                         if self.steps_per_epoch:
                             self._interrupted_warning()
                         break
-                    steps = min(self.steps_per_execution, per_epoch - step)
+                    steps = min(self._steps(step), per_epoch - step)
                     if self._num_batches:
                         steps = min(steps, self._num_batches - self._steps_seen)
                     read = yield from self._execution(step, steps)
@@ -83,7 +95,7 @@ def _counting_class(keras_own: type) -> type:
                 self._new_pass()
                 step = 0
                 while True:
-                    step += yield from self._execution(step, self.steps_per_execution)
+                    step += yield from self._execution(step, self._steps(step))
             self.data_adapter.on_epoch_end()
 
         def _execution(self, step: int, steps: int) -> Iterator[tuple]:
@@ -110,4 +122,17 @@ def _trainer() -> Any:
 
 # Keras's JAX trainer makes its epoch iterators by this name (fit, its validation, evaluate,
 # predict): while a grouped call runs, they count what each execution reads
-COUNTED = ProcessSwap(_trainer, "JAXEpochIterator", _counting_class)
+_COUNTED = ProcessSwap(_trainer, "JAXEpochIterator", _counting_class)
+
+
+@contextlib.contextmanager
+def counted(pace: Any) -> Iterator[None]:
+    """While inside, Keras's epoch iterators made on this thread count their reads and run
+    `pace`'s steps an execution."""
+    before = getattr(_local, "pace", None)
+    _local.pace = pace
+    try:
+        with _COUNTED.during():
+            yield
+    finally:
+        _local.pace = before
