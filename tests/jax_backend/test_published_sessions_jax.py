@@ -305,3 +305,33 @@ history = finetuning_model.fit(tokens, labels, batch_size=16, epochs=2, shuffle=
     same_history(plain, ours, "pretrained")
     same_history(plain, ours)
     same_weights(plain, ours, "finetuning_model")
+
+
+# guides/transfer_learning.py, "Fine-tuning": the base model frozen and trained under it,
+# then unfrozen, compiled again in a plain cell with a metric object (`BinaryAccuracy()`, its
+# variables made there, outside the devices' distribution: Keras builds them into the
+# model's state only in the next fit) and fine-tuned in that cell; the second fit's six
+# steps are too few to group, so Keras's own step runs.
+def test_fine_tuning_recompiled_in_a_plain_cell_with_a_metric_object(ip):
+    compiled = """
+model.compile(optimizer=keras.optimizers.Adam(%s),
+              loss=keras.losses.BinaryCrossentropy(from_logits=True),
+              metrics=[keras.metrics.BinaryAccuracy()])
+"""
+    plain, ours = session(ip, ROWS + "labels = (y == 1).astype('float32')\n", [
+        (TRAIN, """
+base_model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, use_bias=False),
+                               keras.layers.BatchNormalization(),
+                               keras.layers.Activation("relu")], name="base")
+base_model.trainable = False
+inputs = keras.Input((8,))
+h = base_model(inputs, training=False)
+h = keras.layers.Dropout(0.2)(h)
+model = keras.Model(inputs, keras.layers.Dense(1)(h))
+""" + compiled % "1e-2" + "history = model.fit(x, labels, batch_size=32, epochs=2, verbose=0)\n"),
+        (PLAIN, "base_model.trainable = True\n" + compiled % "1e-3" +
+         "tuned = model.fit(x[:192], labels[:192], batch_size=32, epochs=2, verbose=0)\n"),
+    ])
+    for name in ("history", "tuned"):
+        same_history(plain, ours, name)
+    same_weights(plain, ours)

@@ -56,3 +56,35 @@ def test_a_resumed_fit_draws_what_plain_keras_draws_from_its_epoch(ip, tmp_path)
     ip.run_cell_magic("tpu_train", f"--no-progress --checkpoint {tmp_path} --resume", rest)
     assert ip.user_ns["history"].epoch == [1, 2]
     assert states() == theirs
+
+
+# keras.Model.fit's docstring: `x` a generator (with steps_per_epoch), `validation_data` a
+# generator (with validation_steps). Plain Keras first reads the validation generator at the
+# first validation, after the first epoch's training batches; two generators that draw from
+# NumPy's global generator must be read in that order, or they train and validate on other
+# data.
+GENERATORS = """
+order = []
+def batches(name, batch_size):
+    i = 0
+    while True:
+        order.append(f"{name}{i}")
+        i += 1
+        xb = np.random.rand(batch_size, 8).astype("float32")
+        yield xb, (xb.sum(1) > 4).astype("int32")
+"""
+
+
+@pytest.mark.parametrize("line", ["--no-progress", "--no-progress --steps-per-execution 4"])
+def test_training_and_validation_generators_are_read_in_plain_keras_order(ip, line):
+    cell = """
+model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2, activation="softmax")])
+model.compile("sgd", "sparse_categorical_crossentropy")
+history = model.fit(batches("t", 16), steps_per_epoch=7, epochs=2, verbose=0,
+                    validation_data=batches("v", 16), validation_steps=2)
+"""
+    plain, ours, theirs, mine = _plain_and_ours(ip, GENERATORS, cell, line)
+    assert plain["order"][7:9] == ["v0", "v1"]  # after the first epoch's 7 batches
+    assert ours["order"] == plain["order"]
+    assert mine == theirs
+    same_history(plain, ours)

@@ -84,38 +84,61 @@ def whole_batches(data: Any, rows: int, masked: bool, shuffle: bool = False,
 
     source, full_size = (data, 0) if split is None or class_weight is not None else \
         _cut_at_source(data, split)
-    inner = get_data_adapter(_freed_at_once(source),
-                             shuffle=shuffle and isinstance(data, keras.utils.PyDataset),
-                             class_weight=class_weight, steps_per_epoch=steps)
-    declared = inner.batch_size if not full_size else \
-        keras.tree.flatten(data.element_spec)[0].shape[0]
-    if cut and getattr(inner, "enqueuer", None) is not None:
-        # TensorFlow: a PyDataset's worker threads fed through tf.data under a
-        # MirroredStrategy hang the cell at its first batch (Keras peeks the distributed
-        # iterator to build the model before the epoch; the enqueuer's queue never fills).
-        # Its batches are read in the calling thread instead: the same batches, in the same
-        # order (Keras's own shuffle of the indices), without the parallel reads.
-        inner.enqueuer = None
 
-    return WholeBatches(data, inner, rows, masked, keep=keep, cut=cut, share=share,
+    def adapter() -> Any:
+        inner = get_data_adapter(_freed_at_once(source),
+                                 shuffle=shuffle and isinstance(data, keras.utils.PyDataset),
+                                 class_weight=class_weight, steps_per_epoch=steps)
+        if cut and getattr(inner, "enqueuer", None) is not None:
+            # TensorFlow: a PyDataset's worker threads fed through tf.data under a
+            # MirroredStrategy hang the cell at its first batch (Keras peeks the distributed
+            # iterator to build the model before the epoch; the enqueuer's queue never
+            # fills). Its batches are read in the calling thread instead: the same batches,
+            # in the same order (Keras's own shuffle of the indices), without the parallel
+            # reads.
+            inner.enqueuer = None
+        return inner
+
+    declared = keras.tree.flatten(data.element_spec)[0].shape[0] if full_size else None
+    return WholeBatches(data, adapter, rows, masked, keep=keep, cut=cut, share=share,
                         full_size=full_size, declared=declared)
 
 
 class WholeBatches(DataAdapter):
-    """Keras's adapter of the input (`inner`), each batch made whole (see `whole_batches`;
-    `full_size`: where cut at the source, a full batch's rows, 0 elsewhere; `declared`: the
-    batch the input declares)."""
+    """Keras's adapter of the input (`inner`, made by `adapter` when first asked for), each
+    batch made whole (see `whole_batches`; `full_size`: where cut at the source, a full
+    batch's rows, 0 elsewhere; `declared`: there, the batch the input declares).
 
-    def __init__(self, data: Any, inner: Any, rows: int, masked: bool, *, keep: int,
-                 cut: bool, share: Callable[[Any], Any] | None, full_size: int,
+    Keras's adapter is made when Keras would make it, not before: a generator's adapter
+    reads its first batches as it is made, and a fit's validation generator is first asked
+    for at the first validation, after the first epoch's training batches (plain Keras makes
+    its validation iterator then). Made earlier, a validation generator that draws from
+    NumPy's global generator would draw before the training batches do, and both would
+    train and validate on other data than plain Keras's."""
+
+    def __init__(self, data: Any, adapter: Callable[[], Any], rows: int, masked: bool, *,
+                 keep: int, cut: bool, share: Callable[[Any], Any] | None, full_size: int,
                  declared: int | None) -> None:
-        self.data, self.inner, self.rows, self.masked = data, inner, rows, masked
+        self.data, self.rows, self.masked = data, rows, masked
+        self._adapter, self._inner = adapter, None
         self.keep, self.cut, self.share = keep, cut, share
-        self.full_size, self.declared = full_size, declared
+        self.full_size, self._declared = full_size, declared
         self.full = 0  # the largest batch seen (after padding)
         self.fed: list = []  # the first `keep` batches of the latest pass
         self.reading = [0.0, 0]  # seconds spent reading batches, and how many
         self._passes: Iterator[int] | None = None  # the tf.data passes started (TensorFlow)
+
+    @property
+    def inner(self) -> Any:
+        """Keras's own adapter of the input, made the first time it is asked for."""
+        if self._inner is None:
+            self._inner = self._adapter()
+        return self._inner
+
+    @property
+    def declared(self) -> int | None:
+        """The batch the input declares (Keras's adapter's, where not cut at the source)."""
+        return self._declared if self.full_size else self.inner.batch_size
 
     def get_numpy_iterator(self) -> Iterator[Any]:
         self.fed = []

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Iterator
 
-from tpu_magic.backends.jax import build_pass, step_types
+from tpu_magic.backends.jax import build_pass, placement, step_types
 from tpu_magic.core.deps import require_jax
 from tpu_magic.core.overrides import ProcessSwap, overridden
 from tpu_magic.core.session import Connection
@@ -18,17 +18,40 @@ from tpu_magic.core.steps import state_groups
 @contextlib.contextmanager
 def replica_steps(model: Any, connection: Connection) -> Iterator[None]:
     """The context the model's steps run in: ragged batches go whole to every device, one
-    compiled step serves every fit (`step_types`), and a model is built without a pass of
-    tpu_magic's own pipeline (`build_pass`). Across processes (several hosts) each
+    compiled step serves every fit (`step_types`), a model is built without a pass of
+    tpu_magic's own pipeline (`build_pass`), and its state is on the mesh when Keras makes
+    a step (`_state_on_the_mesh`). Across processes (several hosts) each
     holds only its rows of a prediction, which Keras cannot read back: there the outputs are
     gathered onto every device inside the step."""
     with contextlib.ExitStack() as stack:
         stack.enter_context(_values_kept(model))
+        stack.enter_context(_state_on_the_mesh(model, connection))
         stack.enter_context(build_pass.from_upcoming_batches(model))
         stack.enter_context(_RAGGED_BATCHES_WHOLE.during())
         stack.enter_context(step_types.one_program(model))
         if require_jax().process_count() > 1:
             stack.enter_context(_outputs_gathered(model, connection.strategy))
+        yield
+
+
+@contextlib.contextmanager
+def _state_on_the_mesh(model: Any, connection: Connection) -> Iterator[None]:
+    """Every variable of the model's state laid out on the connection's mesh before Keras
+    makes a step function (`placement.place`). Keras fixes a step's output layouts from its
+    state's layouts as it makes the function, after its build pass; that pass can bring in
+    variables made outside the mesh's distribution: a metric object the model was compiled
+    with in a plain cell has its variables from its construction, on one device, and they
+    join the state only when Keras builds the compiled metrics. A step with one-device
+    output layouts beside the mesh's is refused by JAX."""
+    with contextlib.ExitStack() as stack:
+        for kind in ("train", "test", "predict"):
+            keras_own = getattr(model, f"make_{kind}_function")
+
+            def make(force: bool = False, keras_own: Callable[..., Any] = keras_own) -> Any:
+                placement.place(model, connection)
+                return keras_own(force=force)
+
+            stack.enter_context(overridden(model, f"make_{kind}_function", make))
         yield
 
 
