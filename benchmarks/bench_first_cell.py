@@ -13,7 +13,13 @@ its end, builds its model, compiles it, fits it and predicts, as a notebook's do
 - cnn: the tutorials' CIFAR CNN on 16x16x3 (Conv 32, Conv 32, pool, Conv 64, pool, Dense
   128, Dropout, Dense 10), 8,192 rows, batch 128, 2 epochs, validation, predict;
 - gemma: a KerasHub `GemmaCausalLM` from a small config (4 layers, width 256, 8,192-word
-  vocabulary), LoRA rank 4 built in the cell, 32 steps of 8 x 128 tokens, one epoch.
+  vocabulary), LoRA rank 4 built in the cell, 32 steps of 8 x 128 tokens, one epoch;
+- gemma2b: the same at Gemma-2B's shapes (18 layers, width 2,048, 8 heads of 256, one
+  key-value head, feed-forward 16,384, 256,000-word vocabulary; random weights, float32),
+  LoRA rank 4, 8 steps of 4 x 512 tokens: for an accelerator (`--devices 0`).
+
+`--devices 0` runs on the machine's own devices (a GPU or TPU: `%tpu_connect --backend
+jax`, plain Keras with no distribution on one, `DataParallel` on several).
 
 Ways: `plain` (plain Keras; on 8 devices under `keras.distribution.DataParallel`, as a
 user who learned it would write it) and `magic` (`%%tpu_train`, its defaults; on 8 devices
@@ -65,6 +71,13 @@ tokens = rng.integers(1, 8192, (256, 129)).astype("int32")
 x_train = {"token_ids": tokens[:, :-1], "padding_mask": np.ones((256, 128), bool)}
 y_train = tokens[:, 1:]
 """,
+    "gemma2b": """
+import keras_hub
+rng = np.random.default_rng(0)
+tokens = rng.integers(1, 256000, (32, 513)).astype("int32")
+x_train = {"token_ids": tokens[:, :-1], "padding_mask": np.ones((32, 512), bool)}
+y_train = tokens[:, 1:]
+""",
 }
 
 CELL = {
@@ -101,6 +114,17 @@ model.compile(optimizer=keras.optimizers.Adam(1e-3),
               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
               weighted_metrics=[keras.metrics.SparseCategoricalAccuracy()])
 model.fit(x_train, y_train, batch_size=8, epochs=1, verbose=0)
+""",
+    "gemma2b": """
+backbone = keras_hub.models.GemmaBackbone(
+    vocabulary_size=256000, num_layers=18, num_query_heads=8, num_key_value_heads=1,
+    hidden_dim=2048, intermediate_dim=32768, head_dim=256)
+model = keras_hub.models.GemmaCausalLM(backbone=backbone, preprocessor=None)
+model.backbone.enable_lora(rank=4)
+model.compile(optimizer=keras.optimizers.Adam(1e-3),
+              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+              weighted_metrics=[keras.metrics.SparseCategoricalAccuracy()])
+model.fit(x_train, y_train, batch_size=4, epochs=1, verbose=0)
 """,
 }
 
@@ -140,8 +164,9 @@ def child(args) -> None:
     start = time.perf_counter()
     if args.way == "magic":
         shell.run_line_magic("load_ext", "tpu_magic")
-        shell.run_line_magic("tpu_connect", f"--simulate {args.devices} --backend jax "
-                                            f"--no-panel --compile-cache {args.cache}")
+        where = f"--simulate {args.devices} " if args.devices else ""
+        shell.run_line_magic("tpu_connect", f"{where}--backend jax --no-panel "
+                                            f"--compile-cache {args.cache}")
         namespace = shell.user_ns
         shell.run_cell("import numpy as np, keras").raise_error()
     else:
@@ -149,7 +174,9 @@ def child(args) -> None:
         import numpy as np
 
         namespace = {"np": np, "keras": keras}
-        if args.devices > 1:
+        import jax
+
+        if args.devices > 1 or (args.devices == 0 and len(jax.devices()) > 1):
             keras.distribution.set_distribution(keras.distribution.DataParallel())
     setup = time.perf_counter() - start
     import jax
@@ -179,7 +206,11 @@ def run_child(way: str, cell: str, devices: int, phase: str, cache: str) -> dict
     env = {k: v for k, v in os.environ.items() if k not in ("KERAS_BACKEND", "XLA_FLAGS")}
     env.update(KERAS_BACKEND="jax", PYTHONPATH=str(ROOT / "tests" / "without_tensorflow"),
                TF_CPP_MIN_LOG_LEVEL="2")
-    if way == "plain" and devices > 1:  # what --simulate sets, for the same devices
+    if devices == 0:  # the machine's own devices
+        env.pop("PYTHONPATH")
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(ROOT))
+                                            if p)
+    elif way == "plain" and devices > 1:  # what --simulate sets, for the same devices
         from tpu_magic.backends.jax.connect import host_device_flags  # noqa: PLC0415
 
         env["XLA_FLAGS"] = host_device_flags("", devices)
