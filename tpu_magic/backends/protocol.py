@@ -52,6 +52,8 @@ class Backend(Protocol):
     # K is chosen from a call's first steps as they train (`grouped_steps` takes a
     # `steps.AsTheyRun`); else from a step measured before the call (`step_times`)
     times_steps_as_they_run: bool
+    # every fit's step is planned from the compiler before it runs (`step_memory`)
+    plans_memory: bool
     # a step's FLOPs are counted from a batch the model is fed (`training_flops`'s `batch`:
     # XLA's count of the lowered step); else from the layers alone, and no batch is read
     flops_from_batch: bool
@@ -151,14 +153,16 @@ class Backend(Protocol):
         repeated (the call and the steps timed together), without changing the model; None:
         not measured (the choice then trusts `step_times`)."""
 
-    def grouped_steps(self, model: Any, steps: Any,
-                      sources: "Mapping[str, Any] | None" = None) -> ContextManager[Any]:
+    def grouped_steps(self, model: Any, steps: Any, sources: "Mapping[str, Any] | None" = None,
+                      form: Any = None) -> ContextManager[Any]:
         """While a call of the model runs: its steps an execution, one dispatch each, every
         step reading the batch it reads one step an execution. `steps`: a
         `training.fit.steps.Steps` (K), or, where `times_steps_as_they_run`, a
         `steps.AsTheyRun` (K chosen from the call's first steps); `sources`: tpu_magic's own
         pipelines by role ("train", "test", "predict"), which the backend may read a group
-        at a time. Yields an object whose `result()` is the `Steps` the call ran, and why."""
+        at a time; `form`: the train step's form the memory plan chose
+        (`core.steps.StepForm`; None: as written). Yields an object whose `result()` is
+        the `Steps` the call ran, and why."""
 
     def jit_compile_note(self, connection: "Connection", model: Any) -> str | None:
         """Why the model's `jit_compile=True` cannot run on this connection (tpu_magic then
@@ -197,11 +201,30 @@ class Backend(Protocol):
             ShardError: this backend has no model parallelism.
         """
 
-    def step_memory(self, model: Any, batch: Any, connection: "Connection | None" = None
-                    ) -> "StepMemory | None":
+    def step_memory(self, model: Any, batch: Any, connection: "Connection | None" = None,
+                    form: Any = None, bf16: bool = False) -> "StepMemory | None":
         """One device's memory for a training step of `model` on `batch` (arrays of the
         global batch's shapes), from the compiler, before any step runs (None: this backend
-        cannot tell). With `connection`: on its mesh, as if the model were laid out there."""
+        cannot tell). With `connection`: on its mesh, as if the model were laid out there;
+        `form`: the step as micro-batches and/or with its blocks rematerialized
+        (`core.steps.StepForm`; the program compiled is the one the fit then runs); `bf16`:
+        as if its floating-point variables were bfloat16."""
+
+    def call_memory(self, model: Any, kind: str, batch: Any) -> "StepMemory | None":
+        """One device's memory for a `kind` ("test", "predict") step of the model on one
+        batch, from the compiler, before it runs (None: this backend cannot tell)."""
+
+    def step_form_not_exact(self, model: Any) -> str | None:
+        """Why micro-batches inside the step would not give the model's full-batch numbers
+        (None: they would)."""
+
+    def repeated_blocks(self, model: Any) -> list:
+        """The model's repeated blocks, rematerialized in a step of `form.remat` (none: this
+        backend does not)."""
+
+    def normalizes_parts(self, model: Any) -> list[str]:
+        """The model's layers that, micro-batched, normalize each micro-batch by its own
+        statistics (BatchNormalization in training)."""
 
     def reshard(self, model: Any, connection: "Connection") -> None:
         """Lays out an existing model's variables for `connection`'s mesh, one at a time."""

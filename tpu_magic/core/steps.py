@@ -85,3 +85,29 @@ def builds_from_a_pass(model: Any) -> bool:
     return any(part is not None and not part.built
                for part in (getattr(model, "_compile_metrics", None),
                             getattr(model, "_compile_loss", None)))
+
+
+@dataclass(frozen=True)
+class StepForm:
+    """How a training step is run to fit a device: as written (`micro` 1, `remat` False),
+    its batch as `micro` micro-batches inside the step (gradients accumulated, one update:
+    the full batch's numbers), and/or its repeated blocks rematerialized (recomputed in the
+    backward pass instead of kept)."""
+
+    micro: int = 1
+    remat: bool = False
+
+    @property
+    def as_written(self) -> bool:
+        return self.micro == 1 and not self.remat
+
+    def describe(self, batch: int | None = None) -> str:
+        """E.g. "4 micro-batches of 2 (the same update as batch 8), blocks rematerialized"."""
+        parts = []
+        if self.micro > 1:
+            size = f" of {batch // self.micro}" if batch else ""
+            same = f" (the same update as batch {batch})" if batch else ""
+            parts.append(f"{self.micro} micro-batches{size}{same}")
+        if self.remat:
+            parts.append("its repeated blocks rematerialized")
+        return ", ".join(parts) or "as written"

@@ -250,6 +250,17 @@ class TpuMagics(Magics, Configurable):
     @argument("--plan-for", metavar="CHIP-N",
               help="plan one device's memory before the first step against a chip you may "
                    "not have, e.g. v5e-8 (on as many simulated devices)")
+    @argument("--memory", metavar="auto|off",
+              help="auto (JAX, default): a step that does not fit a device runs as "
+                   "micro-batches and/or with its repeated blocks rematerialized, chosen from "
+                   "the compiler's plan, with the full batch's numbers; off: it is refused, "
+                   "with what would fit")
+    @argument("--microbatches", type=int, metavar="N",
+              help="run each batch as N micro-batches inside the step (gradients added up, "
+                   "one update; JAX)")
+    @argument("--remat", metavar="on|off|auto",
+              help="recompute the model's repeated blocks in the backward pass instead of "
+                   "keeping their activations (JAX; auto: where the plan needs it)")
     @argument("--verify", metavar="on|off",
               help="on: compare the first step of the cell's first fit with the same step on "
                    "one device, and warn where they differ; off: skip it (default "
@@ -318,7 +329,8 @@ class TpuMagics(Magics, Configurable):
             precision=args.precision if args.precision is not None else self.precision or None,
             shard=args.shard or self.shard or None, mesh=args.mesh, plan_for=args.plan_for,
             verify=args.verify if args.verify is not None else self.verify,
-            measured_tflops=check.measured_tflops if check is not None else None)
+            measured_tflops=check.measured_tflops if check is not None else None,
+            memory=args.memory, microbatches=args.microbatches, remat=args.remat)
         return TrainingCell(connection, request, self.shell.user_ns, bar=_progress_bar(),
                             view=workspace.panel, agreed=frozenset(workspace.agreed),
                             inputs_measured=dict(workspace.inputs_measured),

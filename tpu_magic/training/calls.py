@@ -16,6 +16,7 @@ from tpu_magic.training import routing
 from tpu_magic.training.fit.run import steps_for
 from tpu_magic.training.inputs import exactness, planning
 from tpu_magic.training.inputs.build import Inputs
+from tpu_magic.training.placement import memory_plan
 
 
 @dataclass(frozen=True)
@@ -51,13 +52,40 @@ class Calls:
 
     def plan(self, method: str, model: Any, call: Mapping[str, Any], named: set) -> BatchPlan:
         """The call's batch, checked (`planning.plan_call`), its advice said; then the
-        model's settings put on it."""
+        model's settings put on it, and the batch made one whose step fits a device
+        (`memory_plan.call_batch`: smaller, the same results)."""
         plan = planning.plan_call(method, model, call, named, self.inputs.connection,
                                   self.batch, label=self.inputs.name(model))
         for warning in plan.warnings:
             self.inputs.note(warning, "warning: ")
         self.prepare(model)
-        return plan
+        return self._fitting(method, model, call, plan)
+
+    def _fitting(self, method: str, model: Any, call: Mapping[str, Any],
+                 plan: BatchPlan) -> BatchPlan:
+        x = call.get("x")
+        if not plan.global_batch or not arrays.is_array_input(x) or not model.built:
+            return plan
+        connection = self.inputs.connection
+        data = connection.backend.inputs()
+
+        def first(batch: int) -> Any:
+            if method == "predict":
+                return data.predict_pipeline(x, batch, strategy=connection.strategy,
+                                             remainder="short").dataset[0]
+            return data.eval_pipeline(x, call.get("y"), call.get("sample_weight"), batch,
+                                      strategy=connection.strategy).dataset[0]
+
+        try:
+            batch, said = memory_plan.call_batch(
+                connection, model, "predict" if method == "predict" else "test",
+                self.inputs.batch(plan, model, arrays.num_samples(x)), first)
+        except Exception:  # noqa: BLE001 - the plan adds a note or a smaller batch, never an error
+            return plan
+        if said is None:
+            return plan
+        self.inputs.note(said)
+        return BatchPlan(batch, plan.replicas, batch // plan.replicas)
 
     def evaluate(self, model: Any, call: Mapping[str, Any], named: set) -> Evaluated:
         built = self.inputs.for_evaluate(model, call, self.plan("evaluate", model, call, named))

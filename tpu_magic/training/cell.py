@@ -202,8 +202,7 @@ class TrainingCell:
                                               self.namespace, say=self.say))
 
     def _fit_again(self, last: FitCall, stop_event: threading.Event | None) -> None:
-        """A recorded `fit` again from the current weights, with this cell's batch and
-        epochs; when `stop_event` is set, it stops at the next batch boundary."""
+        """A recorded `fit` again, this cell's batch and epochs; `stop_event`: the Stop."""
         self.stop_event = stop_event
         named = set(last.named) - {"batch_size", "epochs", "initial_epoch"}
         self.route("fit", last.model, dict(last.arguments, initial_epoch=0, verbose=0), named)

@@ -45,6 +45,10 @@ class TrainRequest:
         plan_for: `--plan-for CHIP-N`: the chip and its device count.
         verify: `--verify`: the first step against the same step on one device.
         measured_tflops: one device's matmul TFLOP/s from `--check`, if it ran.
+        memory: `--memory`: "auto" (a step that does not fit runs in the form the plan
+            chooses: micro-batches, rematerialized blocks) or "off" (it is refused).
+        microbatches: `--microbatches N` (None: the plan's choice, auto).
+        remat: `--remat on|off` (None: the plan's choice, auto).
     """
 
     batch: BatchPlan | None = None
@@ -61,6 +65,9 @@ class TrainRequest:
     plan_for: tuple[Chip, int] | None = None
     verify: bool = True
     measured_tflops: float | None = None
+    memory: str = "auto"
+    microbatches: int | None = None
+    remat: bool | None = None
 
     @property
     def batch_size(self) -> int | None:
@@ -73,7 +80,9 @@ def read_request(connection: Any, *, batch_size: int | None = None, epochs: Any 
                  keep: int | None = None, resume: bool = False,
                  precision: str | None = None, shard: str | None = None,
                  mesh: str | None = None, plan_for: str | None = None,
-                 verify: Any = True, measured_tflops: float | None = None) -> TrainRequest:
+                 verify: Any = True, measured_tflops: float | None = None,
+                 memory: str | None = None, microbatches: int | None = None,
+                 remat: str | None = None) -> TrainRequest:
     """The flags as typed (strings where the user types words), checked against the
     connection: its devices for `--mesh` and `--plan-for`, the data rows for the batch.
 
@@ -83,8 +92,9 @@ def read_request(connection: Any, *, batch_size: int | None = None, epochs: Any 
     """
     steps_per_execution = _steps(steps_per_execution)
     for flag, value in (("--epochs", epochs), ("--steps-per-execution", steps_per_execution),
-                        ("--keep", keep)):
+                        ("--keep", keep), ("--microbatches", microbatches)):
         _at_least_one(flag, value)
+    memory = _memory(memory, microbatches, remat)
     for flag, given in (("--resume", resume), ("--keep", keep is not None)):
         if given and checkpoint is None:
             raise FlagError(f"{flag} works with --checkpoint DIR: add it, e.g. "
@@ -99,7 +109,28 @@ def read_request(connection: Any, *, batch_size: int | None = None, epochs: Any 
         progress=progress, checkpoint=checkpoint, keep=2 if keep is None else keep,
         resume=resume, precision=_precision(precision, connection), shard=mode,
         mesh=rows_columns, plan_for=target_chip(plan_for, devices),
-        verify=on_or_off("--verify", verify), measured_tflops=measured_tflops)
+        verify=on_or_off("--verify", verify), measured_tflops=measured_tflops,
+        memory=memory, microbatches=microbatches,
+        remat=None if remat in (None, "auto") else on_or_off("--remat", remat))
+
+
+def _memory(memory: str | None, microbatches: int | None, remat: str | None) -> str:
+    """`--memory auto|off`, checked with `--microbatches` and `--remat`.
+
+    Raises:
+        FlagError: another word, or a step form named with `--memory off`.
+    """
+    chosen = (memory or "auto").strip().lower()
+    if chosen not in ("auto", "off"):
+        raise FlagError(f"--memory {memory!r}: use auto (a step that does not fit a device "
+                        "runs as micro-batches and/or with its blocks rematerialized, the full "
+                        "batch's numbers) or off (such a step is refused, with what would fit)")
+    if chosen == "off" and (microbatches is not None or remat not in (None, "auto")):
+        raise FlagError("--memory off runs every step as written: leave out --microbatches "
+                        "and --remat, or use --memory auto")
+    if remat is not None and remat.strip().lower() not in ("on", "off", "auto"):
+        raise FlagError(f"--remat {remat!r}: use on, off or auto (the plan's choice)")
+    return chosen
 
 
 def read_shard(shard: str | None, mesh: str | None, devices: int

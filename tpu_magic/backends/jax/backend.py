@@ -13,7 +13,7 @@ import contextlib
 from typing import Any, Callable, Iterator, Mapping
 
 from tpu_magic.backends.jax import compile_cache, connect, devices, flops, handed_state, \
-    memory, model_parallel, parity, placement, replica_steps
+    memory, model_parallel, parity, placement, replica_steps, step_forms
 from tpu_magic.backends.jax.loop import calls
 from tpu_magic.backends.jax.loop.pace import Pace
 from tpu_magic.core import record
@@ -22,7 +22,7 @@ from tpu_magic.core.deps import require_jax
 from tpu_magic.core.devices import DeviceView, StepMemory
 from tpu_magic.core.layouts import VariableShard
 from tpu_magic.core.session import Connection
-from tpu_magic.core.steps import StepState
+from tpu_magic.core.steps import StepForm, StepState
 from tpu_magic.core.target import Target
 
 
@@ -37,6 +37,7 @@ class JaxBackend(Named):
     flops_from_batch = True  # XLA's cost analysis of the step lowered for the fed shapes
     groups_steps = True  # K steps a dispatch as one program on the devices (`loop`)
     times_steps_as_they_run = True  # K chosen from a call's first steps (`loop.pace`)
+    plans_memory = True  # every first fit planned from the compiler (`memory`)
 
     def refuses(self, chosen: Target, simulate: int | None) -> str | None:
         if chosen.kind == "tpu" and chosen.address != "local":
@@ -103,9 +104,9 @@ class JaxBackend(Named):
     def group_seconds(self, model: Any, kind: str, batch: Any, steps: int) -> float | None:
         return None
 
-    def grouped_steps(self, model: Any, steps: Any,
-                      sources: Mapping[str, Any] | None = None) -> Any:
-        return _call_steps(model, steps, dict(sources or {}))
+    def grouped_steps(self, model: Any, steps: Any, sources: Mapping[str, Any] | None = None,
+                      form: StepForm | None = None) -> Any:
+        return _call_steps(model, steps, dict(sources or {}), form)
 
     def replica_steps(self, model: Any, connection: Connection) -> Any:
         return replica_steps.replica_steps(model, connection)
@@ -133,9 +134,21 @@ class JaxBackend(Named):
     def reshard(self, model: Any, connection: Connection) -> None:
         placement.reshard(model, connection)
 
-    def step_memory(self, model: Any, batch: Any, connection: Connection | None = None
-                    ) -> StepMemory:
-        return memory.step_memory(model, batch, connection)
+    def step_memory(self, model: Any, batch: Any, connection: Connection | None = None,
+                    form: StepForm | None = None, bf16: bool = False) -> StepMemory:
+        return memory.step_memory(model, batch, connection, form, bf16)
+
+    def call_memory(self, model: Any, kind: str, batch: Any) -> StepMemory:
+        return memory.call_memory(model, kind, batch)
+
+    def step_form_not_exact(self, model: Any) -> str | None:
+        return step_forms.not_exact(model)
+
+    def repeated_blocks(self, model: Any) -> list:
+        return step_forms.repeated_blocks(model)
+
+    def normalizes_parts(self, model: Any) -> list[str]:
+        return step_forms.normalizes_parts(model)
 
     # -- the first-step parity check ----------------------------------------------------
 
@@ -212,7 +225,8 @@ BACKEND = JaxBackend()
 
 
 @contextlib.contextmanager
-def _call_steps(model: Any, steps: Any, sources: dict[str, Any]) -> Iterator[Pace]:
+def _call_steps(model: Any, steps: Any, sources: dict[str, Any],
+                form: StepForm | None = None) -> Iterator[Pace]:
     """A call's steps: K a dispatch (`loop.calls.grouped`), fixed (`steps`, a
     `training.fit.steps.Steps`) or chosen from its first steps (`steps.AsTheyRun`), and the
     state Keras's loop hands back after each execution kept untracked (`handed_state`).
@@ -220,5 +234,5 @@ def _call_steps(model: Any, steps: Any, sources: dict[str, Any]) -> Iterator[Pac
     pace = Pace(choose=steps.choose, confirm=steps.confirm, unmeasured=steps.unmeasured,
                 kind=steps.kind, memory=record.of(model).measured) \
         if hasattr(steps, "choose") else Pace(fixed=steps)
-    with handed_state.untracked(model), calls.grouped(model, pace, sources):
+    with handed_state.untracked(model), calls.grouped(model, pace, sources, form):
         yield pace

@@ -35,6 +35,7 @@ class TensorFlowBackend(Named):
     # K for each call (`executions.keras_steps`)
     groups_steps = False
     times_steps_as_they_run = False  # a step is measured before the call (`executions`)
+    plans_memory = False  # Keras on TensorFlow: no memory plan
     flops_from_batch = False  # counted from the layers
 
     # -- connecting ------------------------------------------------------------------------
@@ -93,8 +94,8 @@ class TensorFlowBackend(Named):
     def group_seconds(self, model: Any, kind: str, batch: Any, steps: int) -> float | None:
         return None  # `step_times` timed Keras's own loop of several steps already
 
-    def grouped_steps(self, model: Any, steps: Any,
-                      sources: Mapping[str, Any] | None = None) -> Any:
+    def grouped_steps(self, model: Any, steps: Any, sources: Mapping[str, Any] | None = None,
+                      form: Any = None) -> Any:
         return executions.keras_steps(model, steps)  # Keras's own loop, at `steps.k`
 
     def jit_compile_note(self, connection: Connection, model: Any) -> str | None:
@@ -161,8 +162,21 @@ class TensorFlowBackend(Named):
     def shard_rows(self, model: Any) -> list:
         return []
 
-    def step_memory(self, model: Any, batch: Any, connection: Connection | None = None) -> None:
+    def step_memory(self, model: Any, batch: Any, connection: Connection | None = None,
+                    form: Any = None, bf16: bool = False) -> None:
         return None  # planned on JAX, where Keras's model parallelism is
+
+    def call_memory(self, model: Any, kind: str, batch: Any) -> None:
+        return None  # planned on JAX
+
+    def step_form_not_exact(self, model: Any) -> str | None:
+        return "Keras on TensorFlow plans no memory here"
+
+    def normalizes_parts(self, model: Any) -> list[str]:
+        return []
+
+    def repeated_blocks(self, model: Any) -> list:
+        return []  # no step forms on TensorFlow
 
     def reshard(self, model: Any, connection: Connection) -> None:
         self.model_parallel(connection, 1, 1)  # says that it needs JAX

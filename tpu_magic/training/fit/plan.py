@@ -126,7 +126,10 @@ def _settled(placement: Placement, request: TrainRequest, model: Any,
     """`placement.settle`; where the plan itself fails (not a refusal: the step will not
     fit), the placement as it is, and a note: the memory plan adds a note, never an error."""
     try:
-        return settle(placement, request, model, first_batch, owners)
+        settled = settle(placement, request, model, first_batch, owners)
+        for text in settled.form_notes:  # what the plan's step form changes, said
+            note(text)
+        return settled
     except MemoryPlanError:
         raise
     except Exception as exc:  # noqa: BLE001 - see the docstring

@@ -199,7 +199,8 @@ def run_fit(plan: FitPlan, built: Built, hooks: FitHooks, measures: Measures) ->
         call["verbose"] = 0
     compiled_before = connection.backend.compile_counts()
     try:
-        with connection.backend.grouped_steps(model, plan.steps, built.own) as pace:
+        with connection.backend.grouped_steps(model, plan.steps, built.own,
+                                              plan.placement.form) as pace:
             history, ctrl_c, failure = _keras_fit(model, call, plan.named, hooks.progress,
                                                   connection.strategy)
     finally:  # Keras's `on_train_end` does not run where a fit fails or is interrupted

@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable
 
 from tpu_magic.core import record
 from tpu_magic.core.session import Connection
+from tpu_magic.core.steps import StepForm
 from tpu_magic.training.placement import memory_plan
 from tpu_magic.training.request import Shard, TrainRequest
 
@@ -29,12 +30,16 @@ class Placement:
         memory_plan: the memory plan's line for the report, once one was made.
         settled: whether the mesh is settled (`--shard auto` chooses at each fit until it
             lays the model out over model columns).
+        form: the train step's form the plan chose (micro-batches, rematerialized blocks;
+            `core.steps.StepForm`), and what to say of it (`form_notes`).
     """
 
     connection: Connection
     mesh: tuple[int, int] | None = None
     memory_plan: str | None = None
     settled: bool = False
+    form: StepForm = StepForm()
+    form_notes: tuple = ()
 
 
 Owners = Callable[[], Iterable[type]]  # the classes whose layout maps lay out a mesh
@@ -81,7 +86,8 @@ def settle(placement: Placement, request: TrainRequest, model: Any,
     Raises:
         MemoryPlanError: the step will not fit a device (nothing has run).
     """
-    if placement.settled and not (placement.mesh or request.plan_for):
+    if placement.settled and not (placement.mesh or request.plan_for or
+                                  placement.connection.backend.plans_memory):
         return placement
     batch = first_batch()
     key = _settled_key(placement, request, model, batch)
@@ -89,8 +95,9 @@ def settle(placement: Placement, request: TrainRequest, model: Any,
     earlier = kept.settled
     if key in earlier:
         found = earlier[key]
-        return found if not placement.settled else replace(placement,
-                                                           memory_plan=found.memory_plan)
+        return found if not placement.settled else replace(
+            placement, memory_plan=found.memory_plan, form=found.form,
+            form_notes=found.form_notes)
     connection = placement.connection
     if not placement.settled:  # --shard auto, at its first fit
         chosen, mesh, line = memory_plan.choose(connection, model, batch, request.plan_for,
@@ -100,8 +107,9 @@ def settle(placement: Placement, request: TrainRequest, model: Any,
         # data parallel stays open: a later fit of another batch may need model columns
         settled = Placement(chosen, mesh, line, settled=mesh is not None)
     else:
-        settled = replace(placement, memory_plan=memory_plan.before_fit(
-            connection, model, batch, request.plan_for))
+        planned = memory_plan.before_fit(connection, model, batch, request.plan_for, request)
+        settled = replace(placement, memory_plan=planned.line, form=planned.form,
+                          form_notes=planned.notes)
     kept.settled = {**earlier, key: settled}
     return settled
 
@@ -120,4 +128,5 @@ def _settled_key(placement: Placement, request: TrainRequest, model: Any, batch:
     chip = None if request.plan_for is None else (request.plan_for[0].name,
                                                   request.plan_for[1])
     return (connection.target, connection.replicas, placement.mesh, request.shard,
-            request.mesh, chip, variables, shapes)
+            request.mesh, chip, variables, shapes, request.memory, request.microbatches,
+            request.remat)

@@ -16,20 +16,23 @@ from tpu_magic.backends.jax.loop.programs import Programs, programs_of
 from tpu_magic.backends.jax.loop.reading import Reader, joined, unstacked
 from tpu_magic.core.deps import require_jax
 from tpu_magic.core.overrides import overridden
+from tpu_magic.core.steps import StepForm
 
 
 @contextlib.contextmanager
-def grouped(model: Any, pace: Pace, sources: dict[str, Any] | None = None
-            ) -> Iterator[Pace]:
+def grouped(model: Any, pace: Pace, sources: dict[str, Any] | None = None,
+            form: StepForm | None = None) -> Iterator[Pace]:
     """While a call runs: the model's train, test and predict functions are the loop's, K
-    steps an execution as `pace` says (see the package's docstring). `sources`: tpu_magic's
-    own pipelines by role ("train", "test", "predict"), read a group at a time where
-    Keras would read a batch (`PaddedBatches.group`). A model Keras runs eagerly or
-    without XLA: Keras's own functions, untouched, one step an execution."""
+    steps an execution as `pace` says (see the package's docstring), its train step in
+    `form` (micro-batches, rematerialized blocks: `step_forms`; None: as written).
+    `sources`: tpu_magic's own pipelines by role ("train", "test", "predict"), read a group
+    at a time where Keras would read a batch (`PaddedBatches.group`). A model Keras runs
+    eagerly or without XLA: Keras's own functions, untouched, one step an execution."""
     if model.run_eagerly or not model.jit_compile:
         yield pace
         return
     programs = programs_of(model)
+    programs.use(form)
     # several processes read a batch at a time, each its own rows (Keras's iterator)
     one_process = require_jax().process_count() == 1
     calls = Executions(programs, pace, Reader(dict(sources or {}) if one_process else {}))

@@ -13,10 +13,11 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable
 
+from tpu_magic.backends.jax import step_forms
 from tpu_magic.backends.jax.loop.reading import Group, spec
 from tpu_magic.core import record
 from tpu_magic.core.deps import require_jax
-from tpu_magic.core.steps import state_groups
+from tpu_magic.core.steps import StepForm, state_groups
 
 CPU_UNROLLED = 8  # on the CPU, a group of at most this many steps runs unrolled
 CONVOLUTION = "stablehlo.convolution"
@@ -43,22 +44,30 @@ class Programs:
         self._layouts: dict[str, tuple | None] = {}  # kind -> each state value's layout
         self._last: dict[str, Any] = {}  # kind -> the state its last execution returned
         self.convolves: dict[tuple, bool] = {}  # a train step's batch type -> it convolves
+        self.form = StepForm()  # the train step's form for the call running (`use`)
+
+    def use(self, form: StepForm | None) -> None:
+        """The train step's form for the call about to run (as written where None)."""
+        self.form = form or StepForm()
+
+    def _key(self, kind: str, single: bool, length: int, signature: tuple) -> tuple:
+        return (kind, single, length, signature, self.form if kind == "train" else None)
 
     def program(self, kind: str, group: Group) -> Callable[..., Any]:
         """`kind`'s program for `group`, jitted once (compiled at its first call, or ahead)."""
-        key = (kind, group.single, group.length, group.signature)
+        key = self._key(kind, group.single, group.length, group.signature)
         found = self._jitted.get(key)
         if found is None:
             self.state = _state_of(self.model)
             found = self._jitted[key] = _jitted(self.model, kind, group.length, group.single,
-                                                self.targets(kind))
+                                                self.targets(kind), self.form)
         return found
 
     def first_run(self, kind: str, group: Group, state: Any) -> bool:
         """Before `group`'s program first runs: lowered and compiled here, once (the call
         then runs that executable), and a train step's text read for convolutions. Whether
         it compiled it now."""
-        key = (kind, group.single, group.length, group.signature)
+        key = self._key(kind, group.single, group.length, group.signature)
         if key in self._compiled:
             return False
         lowered = self.program(kind, group).lower(state, group.data)
@@ -75,7 +84,7 @@ class Programs:
         shapes = jax.tree_util.tree_map(
             lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), state)
         group = _abstract_group(stacked, length)
-        key = (kind, False, length, group.signature)
+        key = self._key(kind, False, length, group.signature)
         if key in self._compiled:  # an earlier call's
             return Ahead(lambda: None)
         program = self.program(kind, group)
@@ -87,17 +96,33 @@ class Programs:
 
         return Ahead(compile_it)
 
-    def abstract_train(self, state: Any, batch: Any) -> Any:
-        """The train step's program for one batch (`batch`, `state`: their abstract
-        shapes and layouts, `reading.spec`), compiled now: the executable the fit then
-        runs, where the fit's batch and state have these layouts. Its memory analysis
-        plans memory, its cost analysis counts FLOPs."""
+    def abstract_train(self, state: Any, batch: Any, form: StepForm | None = None) -> Any:
+        """The train step's program for one batch in `form` (`batch`, `state`: their
+        abstract shapes and layouts, `reading.spec`), compiled now: the executable the fit
+        then runs, where the fit's batch and state have these layouts and its step this
+        form. Its memory analysis plans memory, its cost analysis counts FLOPs."""
         group = _abstract_group(batch, 1, single=True)
-        key = ("train", True, 1, group.signature)
+        running, self.form = self.form, form or StepForm()
+        try:
+            key = self._key("train", True, 1, group.signature)
+            if key not in self._compiled:
+                lowered = self.program("train", group).lower(state, batch)
+                self.convolves[group.signature] = CONVOLUTION in lowered.as_text()
+                self._compiled[key] = lowered.compile()
+            return self._compiled[key]
+        finally:
+            self.form = running
+
+    def abstract(self, kind: str, state: Any, batch: Any) -> Any:
+        """`kind`'s program ("test", "predict") for one batch, compiled now from abstract
+        shapes (`batch`, `state`: as `abstract_train` takes them): the executable the call
+        then runs. Its memory analysis plans the call's memory."""
+        if kind == "train":
+            return self.abstract_train(state, batch)
+        group = _abstract_group(batch, 1, single=True)
+        key = self._key(kind, True, 1, group.signature)
         if key not in self._compiled:
-            lowered = self.program("train", group).lower(state, batch)
-            self.convolves[group.signature] = CONVOLUTION in lowered.as_text()
-            self._compiled[key] = lowered.compile()
+            self._compiled[key] = self.program(kind, group).lower(state, batch).compile()
         return self._compiled[key]
 
     def bound(self, signature: tuple) -> tuple[int, str] | None:
@@ -185,14 +210,14 @@ def _state_of(model: Any) -> tuple:
     return tuple(tuple(id(v) for v in group) for group in state_groups(model))
 
 
-def _jitted(model: Any, kind: str, length: int, single: bool,
-            layouts: tuple | None) -> Callable[..., Any]:
+def _jitted(model: Any, kind: str, length: int, single: bool, layouts: tuple | None,
+            form: StepForm) -> Callable[..., Any]:
     """Keras's own step for `kind` as one jitted program: a scan over `length` stacked
     batches, or (`single`) one step; its state donated, and returned on `layouts` (each
     variable's, as Keras's own `make_*_function` fixes its outputs'; None: no distribution).
     On the CPU a short scan is unrolled (`_unrolled`)."""
     jax = require_jax()
-    step = _step(model, kind)
+    step = step_forms.train_step(model, form) if kind == "train" else _step(model, kind)
     unroll = _unrolled(length)
 
     def scanned(state: Any, stacked: Any) -> Any:
