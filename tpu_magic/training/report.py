@@ -85,7 +85,7 @@ class TrainReport:
         resumed_from: the checkpoint training continued from (--resume).
         precision: the dtype policy `--precision` put in force, and why.
         sharding: under `--shard model`, the mesh and where the largest variables live.
-        memory_plan: `--shard model`, `--plan-for`: one device's planned memory.
+        memory_plan: the memory plan's line: one device's planned memory, the step's form.
         tokens_per_second: token-id inputs: real tokens in the steady state.
         utilization: the last `fit`'s FLOPs, achieved TFLOP/s against the peaks, and the
             input's share of a step.

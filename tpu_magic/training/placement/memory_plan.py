@@ -195,12 +195,13 @@ def line(memory: StepMemory, total: float | None, where: str,
 
 def fitted_line(written: StepMemory, chosen: fitting.Fitted, total: float, where: str,
                 rows: int) -> str:
-    """E.g. `memory plan: 21.3 GiB does not fit 16 GiB per v5e device: 4 micro-batches of
-    2 (the same update as batch 8), 11.2 GiB`, with the plan's own seconds."""
+    """E.g. `memory plan: 21.3 GiB is more than 90 % of 16 GiB per TPU v5e device, so 4
+    micro-batches of 2 (the same update as batch 8): 11.2 GiB`, with the plan's own
+    seconds."""
     memory = chosen.memory
     tried = len(chosen.planned)
-    return (f"memory plan: {_gib(written.peak)} GiB does not fit {_gib(total)} GiB {where} "
-            f"({100 * HEADROOM:.0f} % of it): {chosen.form.describe(rows)}, "
+    return (f"memory plan: {_gib(written.peak)} GiB is more than {100 * HEADROOM:.0f} % of "
+            f"{_gib(total)} GiB {where}, so {chosen.form.describe(rows)}: "
             f"{_gib(memory.peak)} GiB (activations and gradients {_gib(memory.temporaries)}"
             f" of {_gib(written.temporaries)}); {tried} form{'s' * (tried != 1)} planned in "
             f"{chosen.seconds:.2g} s" + _on_cpu(memory))
