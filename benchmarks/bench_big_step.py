@@ -2,12 +2,14 @@
 a sequence length whose plain Keras step runs out of the device's memory, in plain Keras
 (expected: XLA's RESOURCE_EXHAUSTED) and through `%%tpu_train` (the memory plan's form).
 
-    python benchmarks/bench_big_step.py [--length 4096] [--batch 4] [--steps 3] [--json PATH]
+    python benchmarks/bench_big_step.py [--length 4096] [--batch 4] [--steps 3]
+        [--layers 18] [--seconds 900] [--json PATH]
 
 For an accelerator (a GPU or TPU; one device). The model: KerasHub `GemmaCausalLM` at
 Gemma-2B's shapes (18 layers, width 2,048, 8 query heads of 256, one key-value head,
-feed-forward 16,384, 256,000-word vocabulary), random weights, float32, every weight
-trained (no LoRA), Adam, synthetic tokens. Each way a process of its own: plain Keras's
+feed-forward 16,384, 256,000-word vocabulary; `--layers` fewer for a shorter compile: the
+logits over the vocabulary are most of such a step's memory), random weights, float32,
+every weight trained (no LoRA), Adam, synthetic tokens. Each way a process of its own: plain Keras's
 `fit` of `--steps` steps, and the magic's (`%tpu_connect --backend jax`): its memory plan's
 line, its steady tokens/s and utilization (TFLOP/s, MFU where the chip's peak is known).
 Prints each way's outcome and writes JSON.
@@ -35,7 +37,7 @@ y = tokens[:, 1:]
 """
 CELL = """
 backbone = keras_hub.models.GemmaBackbone(
-    vocabulary_size=256000, num_layers=18, num_query_heads=8, num_key_value_heads=1,
+    vocabulary_size=256000, num_layers=LAYERS, num_query_heads=8, num_key_value_heads=1,
     hidden_dim=2048, intermediate_dim=32768, head_dim=256)
 lm = keras_hub.models.GemmaCausalLM(backbone=backbone, preprocessor=None)
 lm.compile(optimizer=keras.optimizers.Adam(1e-5),
@@ -45,7 +47,8 @@ history = lm.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
 
 
 def child(args) -> None:
-    sizes = {"BATCH": args.batch, "STEPS": args.steps, "LENGTH": args.length}
+    sizes = {"BATCH": args.batch, "STEPS": args.steps, "LENGTH": args.length,
+             "LAYERS": args.layers}
     code = {name: text for name, text in (("build", BUILD), ("cell", CELL))}
     for name, value in sizes.items():
         code = {k: v.replace(name, str(value)) for k, v in code.items()}
@@ -82,6 +85,8 @@ def main(argv=None) -> int:
     parser.add_argument("--length", type=int, default=4096)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--layers", type=int, default=18)
+    parser.add_argument("--seconds", type=float, default=900, help="each way's limit")
     parser.add_argument("--ways", default="plain,magic")
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--way", help=argparse.SUPPRESS)
@@ -93,17 +98,21 @@ def main(argv=None) -> int:
     results = []
     for way in args.ways.split(","):
         with tempfile.NamedTemporaryFile(suffix=".json") as out:
-            subprocess.run([sys.executable, __file__, "--way", way, "--out", out.name,
-                            "--length", str(args.length), "--batch", str(args.batch),
-                            "--steps", str(args.steps)],
-                           cwd=ROOT, env=dict(os.environ), timeout=900)
-            found = json.loads(Path(out.name).read_text() or "{}")
+            try:
+                subprocess.run([sys.executable, __file__, "--way", way, "--out", out.name,
+                                "--length", str(args.length), "--batch", str(args.batch),
+                                "--steps", str(args.steps), "--layers", str(args.layers)],
+                               cwd=ROOT, env=dict(os.environ), timeout=args.seconds)
+                found = json.loads(Path(out.name).read_text() or '{"outcome": "died"}')
+            except subprocess.TimeoutExpired:
+                found = {"outcome": f"ran past {args.seconds:.0f} s"}
+        found.update(way=way, length=args.length, batch=args.batch, layers=args.layers)
         results.append(found)
+        if args.json:  # each way's as it ends: a later one cut short keeps the first
+            Path(args.json).write_text(json.dumps(results, indent=2, default=str))
         print(f"== {way}: {found.get('outcome')} in {found.get('seconds', 0):.1f} s")
         for line in found.get("summary", []):
             print("   ", line)
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2, default=str))
     return 0
 
 
