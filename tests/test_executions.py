@@ -41,10 +41,13 @@ def test_auto_runs_several_steps_an_execution_with_plain_keras_numbers(one_devic
 def test_a_later_cell_at_the_same_k_traces_nothing(one_device):
     train(one_device, MODEL + "model.fit(x, y, batch_size=32, epochs=1, verbose=0)")
     model = one_device.user_ns["model"]
-    kept = dict(model.__dict__["_tpu_magic_functions"])
+    from tpu_magic.core import record
+
+    kept = dict(record.of(model).functions)
+    assert kept  # the traced functions of K, kept
     again = train(one_device, "model.fit(x, y, batch_size=32, epochs=1, verbose=0)")
     assert again.execution.k > 1
-    assert model.__dict__["_tpu_magic_functions"] == kept  # the same traced functions
+    assert record.of(model).functions == kept  # the same traced functions
 
 
 def test_steps_a_dataset_names_are_whole_executions(one_device):

@@ -45,6 +45,8 @@ class ModelRecord:
         reference: the first-step check's one-device step and its compile (JAX), made
             before the fit's first step (`backends.jax.parity`).
         installed: the methods installed on it, by name (`install`).
+        beside: the compiles started beside its steps and not yet waited for (JAX,
+            `backends.jax.beside`): a call waits for them before it ends.
     """
 
     generation: object = dataclasses.field(default_factory=object)
@@ -59,6 +61,7 @@ class ModelRecord:
     base_rate: float | None = None
     reference: Any = None
     installed: dict = dataclasses.field(default_factory=dict)
+    beside: list = dataclasses.field(default_factory=list)
 
 
 class _Table:

@@ -1,18 +1,18 @@
 """The first-step parity check on JAX: the model's state as host arrays, and the same steps
 (or inference) on one device with no distribution in force.
 
-The one-device step is traced before the fit's first step and compiled on a thread of its
-own while that step compiles and runs (`one_device_ahead`), so the check adds its run, not
-its compile, to the first step; the step run after is that compiled program (kept in the
+The one-device step is traced before the fit's first step and compiled beside it
+(`one_device_ahead`; on a chip, on a thread of its own while that step compiles and runs,
+so the check adds its run, not its compile, to the first step: `beside`); the step run after is that compiled program (kept in the
 model's record)."""
 
 from __future__ import annotations
 
-import threading
 from typing import Any, Callable
 
 import numpy as np
 
+from tpu_magic.backends.jax.beside import Beside
 from tpu_magic.core import record
 from tpu_magic.core.deps import require_jax
 from tpu_magic.core.steps import StepState, frozen_variables, host_copy, state_groups
@@ -50,7 +50,7 @@ def one_device_ahead(model: Any, before: StepState, batches: list) -> None:
         lowered = _reference_step(model).program.lower(state, batch)
     finally:
         keras.distribution.set_distribution(distribution)
-    _reference_step(model).compile_ahead(lowered)
+    _reference_step(model).compile_ahead(model, lowered)
 
 
 class _Reference:
@@ -58,18 +58,16 @@ class _Reference:
 
     def __init__(self, model: Any) -> None:
         self.program = require_jax().jit(model.train_step)
-        self._thread: threading.Thread | None = None
+        self._ahead: Beside | None = None
 
-    def compile_ahead(self, lowered: Any) -> None:
-        # not a daemon: a process that ends meanwhile waits for it, not cut it mid-write
-        self._thread = threading.Thread(target=lowered.compile, name="tpu_magic check")
-        self._thread.start()
+    def compile_ahead(self, model: Any, lowered: Any) -> None:
+        self._ahead = Beside(model, lowered.compile)
 
     def ready(self) -> Any:
         """The program, its compile ahead (if any) waited for."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        if self._ahead is not None:
+            self._ahead.wait()
+            self._ahead = None
         return self.program
 
 

@@ -92,9 +92,12 @@ def steps_for(connection: Any, model: Any, built: Built, requested: int | None, 
     decided = steps.decided(requested, model.steps_per_execution, built.epoch_steps, hooks)
     if decided is not None:
         return decided
-    if model.run_eagerly or not getattr(model, "jit_compile", True):
+    if model.run_eagerly:
+        return steps.Steps(1, "one step an execution: the model runs eagerly (run_eagerly)")
+    if backend.groups_steps and not getattr(model, "jit_compile", True):
+        # a group of steps is one XLA program; TensorFlow's tf.function runs K without XLA
         return steps.Steps(1, "one step an execution: the model's steps run without XLA "
-                              "(run_eagerly or jit_compile=False)")
+                              "(jit_compile=False)")
     memory = backend.device_view(connection, {}).memory
     known = memory is not None and memory.total_gib and memory.total_from != "host"
     device_bytes = memory.total_gib * 2 ** 30 if known else None

@@ -10,6 +10,7 @@ import contextlib
 import time
 from typing import Any, Callable, Iterator
 
+from tpu_magic.backends.jax import beside
 from tpu_magic.backends.jax.loop import epoch_reads
 from tpu_magic.backends.jax.loop.pace import Pace
 from tpu_magic.backends.jax.loop.programs import Programs, programs_of
@@ -48,6 +49,7 @@ def grouped(model: Any, pace: Pace, sources: dict[str, Any] | None = None,
         finally:
             calls.reader.finished()
             programs.finished()
+            beside.settle(model)
             (model.train_function, model.test_function, model.predict_function,
              model.steps_per_execution) = saved
 

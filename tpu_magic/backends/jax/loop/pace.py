@@ -55,7 +55,7 @@ class Pace:
         self._times: list[tuple[float, float]] = []  # (device, host) of the timed executions
         self._ended_at: float | None = None  # when the last execution returned
         self._wanted: Any = None  # the chosen Steps, waiting for its group's program
-        self._ahead: Any = None  # that program's compile (`programs.Ahead`)
+        self._ahead: Any = None  # that program's compile (`beside.Beside`)
         self._alone: float | None = None  # a step's seconds alone, for the confirmation
         self._groups = 0  # groups of K run since the switch, before the confirmation
         self._last_kind: str | None = None  # the kind of the execution that ended last

@@ -10,10 +10,10 @@ later call whose arguments have the same shapes and layouts.
 
 from __future__ import annotations
 
-import threading
 from typing import Any, Callable
 
 from tpu_magic.backends.jax import step_forms
+from tpu_magic.backends.jax.beside import Beside
 from tpu_magic.backends.jax.loop.reading import Group, spec
 from tpu_magic.core import record
 from tpu_magic.core.deps import require_jax
@@ -76,9 +76,9 @@ class Programs:
         self._compiled[key] = lowered.compile()
         return True
 
-    def ahead(self, kind: str, template: Group, length: int, state: Any) -> "Ahead":
+    def ahead(self, kind: str, template: Group, length: int, state: Any) -> Beside:
         """The program of a group of `length` batches like `template` (one batch), compiled
-        on a thread of its own from abstract inputs while the call runs on."""
+        from abstract inputs beside the steps (`beside`: on a thread of its own on a chip)."""
         jax = require_jax()
         stacked = spec(template.data, length)
         shapes = jax.tree_util.tree_map(
@@ -86,7 +86,7 @@ class Programs:
         group = _abstract_group(stacked, length)
         key = self._key(kind, False, length, group.signature)
         if key in self._compiled:  # an earlier call's
-            return Ahead(lambda: None)
+            return Beside(self.model, lambda: None)
         program = self.program(kind, group)
         context = _keras_context()
 
@@ -94,7 +94,7 @@ class Programs:
             _enter_keras_context(context)
             self._compiled[key] = program.lower(shapes, stacked).compile()
 
-        return Ahead(compile_it)
+        return Beside(self.model, compile_it)
 
     def abstract_train(self, state: Any, batch: Any, form: StepForm | None = None) -> Any:
         """The train step's program for one batch in `form` (`batch`, `state`: their
@@ -162,27 +162,6 @@ class Programs:
         if kind not in self._layouts:
             self._layouts[kind] = _layouts(self.model, kind)
         return self._layouts[kind]
-
-
-class Ahead:
-    """A program being compiled on a thread of its own (`done`: compiled, or failed: the
-    call then compiles it where it first runs it)."""
-
-    def __init__(self, compile_it: Callable[[], None]) -> None:
-        self.failed: BaseException | None = None
-
-        def run() -> None:
-            try:
-                compile_it()
-            except BaseException as exc:  # noqa: BLE001 - the call compiles it itself
-                self.failed = exc
-
-        # not a daemon: a process that ends meanwhile waits for it, not cut it mid-write
-        self._thread = threading.Thread(target=run, name="tpu_magic compile")
-        self._thread.start()
-
-    def done(self) -> bool:
-        return not self._thread.is_alive()
 
 
 def _abstract_group(data: Any, length: int, single: bool = False) -> Group:
