@@ -1,5 +1,10 @@
-"""What tpu_magic keeps about a user's objects, in one place: a record an object, in a table
-beside it (it goes when the object goes), never as attributes on the object.
+"""What tpu_magic keeps about a user's objects, in one place: a record an object, kept on the
+object in one attribute that only this module reads and writes, so it goes when the object
+goes. (A table beside the objects, by identity, kept them all: a record refers to its
+model (its programs, the check's jitted step), so no model was ever collected, nor its
+compiled programs: each fit of a small model left about 240 memory maps behind, until a
+long session's compile failed and the process died of SIGSEGV.) An object that takes no
+attribute keeps its record in such a table.
 
 A model's record (`ModelRecord`) holds everything tpu_magic remembers about it between
 calls and cells: the generation of its traced functions and the variables they take, the
@@ -65,16 +70,26 @@ class ModelRecord:
 
 
 class _Table:
-    """Records by the object's identity, each dropped when its object is collected (a
-    variable is not hashable, so no `WeakKeyDictionary`)."""
+    """Records on their objects, as the attribute `name` (a record and its object form a
+    cycle Python's collector frees together); for an object that takes no attribute, by
+    its identity in a table, dropped when it is collected (a variable is not hashable, so
+    no `WeakKeyDictionary`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str) -> None:
+        self._name = name
         self._records: dict[int, Any] = {}
         self._lock = threading.Lock()
 
     def get(self, obj: Any, make: Callable[[], Any] | None = None) -> Any:
-        key = id(obj)
         with self._lock:
+            own = getattr(obj, "__dict__", None)
+            if isinstance(own, dict):
+                found = own.get(self._name)
+                if found is None and make is not None:
+                    found = make()
+                    object.__setattr__(obj, self._name, found)
+                return found
+            key = id(obj)
             found = self._records.get(key)
             if found is None and make is not None:
                 found = self._records[key] = make()
@@ -82,8 +97,10 @@ class _Table:
             return found
 
 
-_MODELS = _Table()
-_OTHERS = _Table()  # an optimizer's, a variable's, a distribution's named values
+_MODELS = _Table("_tpu_magic_record")
+_OTHERS = _Table("_tpu_magic_kept")  # an optimizer's, a variable's, a distribution's values
+# the attributes records are kept in: a copy of a user's object (`%tpu_sync`) leaves them out
+ATTRIBUTES = ("_tpu_magic_record", "_tpu_magic_kept")
 
 
 def of(model: Any) -> ModelRecord:

@@ -62,7 +62,7 @@ def _keras_own(layer: Any) -> dict:
     adopted model's routed methods, the exactness override of `compute_loss`, which closes
     over the trained model). The copy is a plain Keras model; nothing of the cell is
     reached through it."""
-    ours = record.installed(layer)
+    ours = {**record.installed(layer), **dict.fromkeys(record.ATTRIBUTES)}
     return {key: value for key, value in layer.__dict__.items() if key not in ours}
 
 
@@ -127,7 +127,8 @@ def _copied(value: Any, memo: dict[int, Any]) -> Any:
             return value
         memo[id(value)] = shell
         shell.__dict__.update({key: _copied(item, memo)
-                               for key, item in value.__dict__.items()})
+                               for key, item in value.__dict__.items()
+                               if key not in record.ATTRIBUTES})
         return shell
     try:  # with the same memo: what it holds of the model maps to the copy's
         found = copy.deepcopy(value, memo)
