@@ -1,9 +1,9 @@
 """The first-step parity check on JAX: the model's state as host arrays, and the same steps
 (or inference) on one device with no distribution in force.
 
-The one-device step is traced before the fit's first step and compiled beside it
-(`one_device_ahead`; on a chip, on a thread of its own while that step compiles and runs,
-so the check adds its run, not its compile, to the first step: `beside`); the step run after is that compiled program (kept in the
+The one-device step is traced before the fit's first step and compiled on a thread of its
+own while that step compiles and runs (`one_device_ahead`, `beside`), so the check adds its
+run, not its compile, to the first step; the step run after is that compiled program (kept in the
 model's record)."""
 
 from __future__ import annotations

@@ -78,7 +78,7 @@ class Programs:
 
     def ahead(self, kind: str, template: Group, length: int, state: Any) -> Beside:
         """The program of a group of `length` batches like `template` (one batch), compiled
-        from abstract inputs beside the steps (`beside`: on a thread of its own on a chip)."""
+        from abstract inputs on a thread of its own while the call runs on (`beside`)."""
         jax = require_jax()
         stacked = spec(template.data, length)
         shapes = jax.tree_util.tree_map(
