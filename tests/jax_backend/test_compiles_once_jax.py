@@ -7,8 +7,6 @@ its compiles (`jax_log_compiles`), by program and argument types."""
 import logging
 import re
 
-import jax
-
 from support.cells import train
 
 SETUP = """
@@ -43,6 +41,8 @@ class Compiles(logging.Handler):
 
 
 def test_a_fresh_models_first_fit_compiles_each_program_it_runs_once(ip):
+    import jax  # here: a test module that imports JAX starts it before the suite connects
+
     ip.run_cell(SETUP)
     compiles = Compiles()
     logger = logging.getLogger("jax")
@@ -54,9 +54,11 @@ def test_a_fresh_models_first_fit_compiles_each_program_it_runs_once(ip):
         jax.config.update("jax_log_compiles", False)
         logger.removeHandler(compiles)
     steps = [(name, types) for name, types in compiles.found if name in STEPS]
-    assert len(steps) == len(set(steps)), steps  # nothing compiled twice
     names = [name for name, _ in steps]
     # the fit's step (the memory plan compiled it: the same executable) and the check's
-    # one-device step; a group of K steps where K rose above one, and the validation's
+    # one-device step, which takes the same global types (the log does not name layouts);
+    # a group of K steps where K rose above one, and the validation's: each once
     assert names.count("train_step") == 2, steps
+    twice = [key for key in set(steps) if steps.count(key) > 1 and key[0] != "train_step"]
+    assert not twice, steps
     assert report.execution.k == 1 or "scanned" in names, (report.execution, steps)

@@ -69,3 +69,14 @@ class HostsError(TpuMagicError):
 
 class FlagError(TpuMagicError):
     """A flag's value, or flags that do not go together."""
+
+
+class KerasBuildError(Exception):
+    """Keras's own build of a model for a call (`_symbolic_build`: its compiled loss and
+    metrics from the first batch), run early by a plan, raised the user's error: the call
+    raises `original`, as plain Keras's would at its start (a retry from the half-built
+    model raises another). Not a `TpuMagicError`: the error is the cell's."""
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(str(original))
+        self.original = original

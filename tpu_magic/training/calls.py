@@ -12,6 +12,7 @@ import numpy as np
 
 from tpu_magic.core import arrays
 from tpu_magic.core.batching import BatchPlan
+from tpu_magic.core.steps import builds_from_a_pass
 from tpu_magic.training import routing
 from tpu_magic.training.fit.run import steps_for
 from tpu_magic.training.inputs import exactness, planning
@@ -64,7 +65,10 @@ class Calls:
     def _fitting(self, method: str, model: Any, call: Mapping[str, Any],
                  plan: BatchPlan) -> BatchPlan:
         x = call.get("x")
-        if not plan.global_batch or not arrays.is_array_input(x) or not model.built:
+        # a model Keras still builds from a batch (its compiled metrics: an F1Score makes its
+        # variables at its first update) is planned after that build, at its next call
+        if not plan.global_batch or not arrays.is_array_input(x) or not model.built or \
+                builds_from_a_pass(model):
             return plan
         connection = self.inputs.connection
         data = connection.backend.inputs()

@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping
 
 from tpu_magic.core import random_state
 from tpu_magic.core.batching import BatchPlan, plan_batches
-from tpu_magic.core.errors import MemoryPlanError
+from tpu_magic.core.errors import KerasBuildError, MemoryPlanError
 from tpu_magic.core.steps import builds_from_a_pass
 from tpu_magic.training.inputs import planning
 from tpu_magic.training.placement.place import Owners, Placement, settle
@@ -132,6 +132,8 @@ def _settled(placement: Placement, request: TrainRequest, model: Any,
         return settled
     except MemoryPlanError:
         raise
+    except KerasBuildError as failed:  # the cell's own error, where plain Keras raises it
+        raise failed.original from None
     except Exception as exc:  # noqa: BLE001 - see the docstring
         note(f"the memory plan was skipped ({type(exc).__name__}: {exc})"
              + ("; --shard auto keeps data parallelism" if not placement.settled else ""))
