@@ -155,6 +155,48 @@ def test_a_dataset_read_k_steps_an_execution_stays_in_its_pass(ip, recwarn):
     assert not [w for w in recwarn if "ran out of data" in str(w.message)]
 
 
+# Issue 55 item 6: inputs whose batches cannot be read ahead to measure a step (a shuffled
+# PyDataset, a generator) got one step an execution ("no step was measured"); K is now
+# chosen from their own first steps as they train, with plain Keras's numbers.
+SHUFFLED_SOURCES = {
+    "a shuffled PyDataset": """
+class Batches(keras.utils.PyDataset):
+    def __len__(self):
+        return len(x) // 32
+    def __getitem__(self, i):
+        return x[i * 32:(i + 1) * 32], y[i * 32:(i + 1) * 32]
+history = model.fit(Batches(), epochs=2, shuffle=True, verbose=0)
+""",
+    "a generator": """
+def batches():
+    while True:
+        for i in range(len(x) // 32):
+            yield x[i * 32:(i + 1) * 32], y[i * 32:(i + 1) * 32]
+history = model.fit(batches(), steps_per_epoch=len(x) // 32, epochs=2, verbose=0)
+""",
+}
+
+
+@pytest.mark.parametrize("source", [
+    "a generator",
+    # found 2026-11-28: this cell's history differs from plain Keras's on 8 devices at
+    # K = 1 as at K = 10 (loss 1.64314 / 1.58608 against 1.64315 / 1.58575): not the
+    # grouped loop's; docs/limits.md. strict: passes, and so fails here, once fixed
+    pytest.param("a shuffled PyDataset", marks=pytest.mark.xfail(
+        strict=True, reason="a shuffled PyDataset's history differs from plain Keras's "
+                            "on 8 devices, at any K (open)")),
+])
+def test_inputs_read_only_as_they_train_get_k_from_their_first_steps(ip, source):
+    setup = SETUP + "x = np.concatenate([x] * 8); y = np.concatenate([y] * 8)\n"
+    cell = MODEL + SHUFFLED_SOURCES[source]
+    plain = plainly(setup, cell)
+    ip.run_cell(setup)
+    report = train(ip, cell, "--no-progress")
+    assert report.execution.k > 1 and report.execution.why.startswith(
+        "auto, from the first 3 steps: "), report.execution.why
+    same_history(plain, ip.user_ns)
+
+
 def test_shard_auto_settles_once_and_later_cells_compile_nothing(ip, monkeypatch, recwarn):
     # a device a little over half the data-parallel step's memory: auto lays the model out
     # over model columns (as in test_jax_backend's auto test); two later cells of the same

@@ -65,10 +65,12 @@ class Calls:
     def _fitting(self, method: str, model: Any, call: Mapping[str, Any],
                  plan: BatchPlan) -> BatchPlan:
         x = call.get("x")
-        # a model Keras still builds from a batch (its compiled metrics: an F1Score makes its
-        # variables at its first update) is planned after that build, at its next call
-        if not plan.global_batch or not arrays.is_array_input(x) or not model.built or \
-                builds_from_a_pass(model):
+        # an evaluate of a model Keras still builds from a batch (its compiled metrics: an
+        # F1Score makes its variables at its first update) is planned after that build, at
+        # its next call; a predict needs only the layers built
+        unbuilt = (not all(layer.built for layer in model._flatten_layers())
+                   if method == "predict" else builds_from_a_pass(model))
+        if not plan.global_batch or not arrays.is_array_input(x) or not model.built or unbuilt:
             return plan
         connection = self.inputs.connection
         data = connection.backend.inputs()
