@@ -75,12 +75,17 @@ def frozen_variables(model: Any) -> set[int]:
             for v in layer.variables if is_float(v.dtype) and id(v) not in trained}
 
 
+def layers_built(model: Any) -> bool:
+    """Whether every layer of the model is built (all a `predict` step needs)."""
+    return all(layer.built for layer in model._flatten_layers())
+
+
 def builds_from_a_pass(model: Any) -> bool:
     """Whether Keras's next `fit`, `evaluate` or `predict` of the model reads a batch of a
     pass of its own to build it (`Trainer._symbolic_build`: a layer, the compiled metrics or
     the compiled loss not built yet) before the call's own passes; that pass draws from the
     notebook's random state where its input shuffles."""
-    if not all(layer.built for layer in model._flatten_layers()):
+    if not layers_built(model):
         return True
     return any(part is not None and not part.built
                for part in (getattr(model, "_compile_metrics", None),

@@ -12,7 +12,7 @@ import numpy as np
 
 from tpu_magic.core import arrays
 from tpu_magic.core.batching import BatchPlan
-from tpu_magic.core.steps import builds_from_a_pass
+from tpu_magic.core.steps import builds_from_a_pass, layers_built
 from tpu_magic.training import routing
 from tpu_magic.training.fit.run import steps_for
 from tpu_magic.training.inputs import exactness, planning
@@ -68,8 +68,8 @@ class Calls:
         # an evaluate of a model Keras still builds from a batch (its compiled metrics: an
         # F1Score makes its variables at its first update) is planned after that build, at
         # its next call; a predict needs only the layers built
-        unbuilt = (not all(layer.built for layer in model._flatten_layers())
-                   if method == "predict" else builds_from_a_pass(model))
+        unbuilt = (not layers_built(model) if method == "predict"
+                   else builds_from_a_pass(model))
         if not plan.global_batch or not arrays.is_array_input(x) or not model.built or unbuilt:
             return plan
         connection = self.inputs.connection

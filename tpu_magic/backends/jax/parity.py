@@ -3,8 +3,8 @@
 
 The one-device step is traced before the fit's first step and compiled on a thread of its
 own while that step compiles and runs (`one_device_ahead`, `beside`), so the check adds its
-run, not its compile, to the first step; the step run after is that compiled program (kept in the
-model's record)."""
+run, not its compile, to the first step; the step run after is that compiled program (kept
+in the model's record)."""
 
 from __future__ import annotations
 
