@@ -27,12 +27,15 @@ def imports() -> str:
     return f"import numpy as np, keras{tf}\nkeras.utils.set_random_seed(7)\n"
 
 
-def plainly(setup: str, cell: str) -> dict:
-    """Runs `setup` and `cell` with plain Keras on one device. Returns their namespace."""
+def plainly(setup: str, cell: str, data_parallel: bool = False) -> dict:
+    """Runs `setup` and `cell` with plain Keras on one device (`data_parallel`: under Keras's
+    own `DataParallel` over the process's devices, JAX only). Returns their namespace."""
     namespace: dict = {}
     distribution = _distribution()
     try:
         exec(imports() + setup, namespace)
+        if data_parallel:
+            _set_distribution(namespace["keras"].distribution.DataParallel())
         exec(cell, namespace)
     finally:  # a cell's own keras.distribution must not reach the magic's run
         _set_distribution(distribution)
