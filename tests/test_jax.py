@@ -124,6 +124,9 @@ def test_the_jax_suite_passes_in_its_own_process(compile_cache, part):
         if run.returncode < 0:
             pytest.fail(f"the JAX suite's {part} part died on signal {-run.returncode} again; "
                         f"{_how_it_ended(run)}")
+    if os.environ.get("TPU_MAGIC_SUITE_LOG"):  # each test's seconds, to see where time goes
+        Path(os.environ["TPU_MAGIC_SUITE_LOG"]).mkdir(parents=True, exist_ok=True)
+        (Path(os.environ["TPU_MAGIC_SUITE_LOG"]) / f"jax_{part}.log").write_text(run.stdout)
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
     summary = run.stdout.strip().splitlines()[-1]  # "== 61 passed in 700.00s (0:11:40) =="
     assert " passed" in summary and "skipped" not in summary, summary
