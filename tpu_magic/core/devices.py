@@ -130,6 +130,8 @@ class StepMemory:
         temporaries: what the step allocates while it runs (activations, gradients).
         outputs: outputs not written in place of their arguments.
         compiled_on: the devices the analysis was compiled for ("cpu", "tpu", "gpu").
+        flops: the step's FLOPs on one device, from the same executable's cost analysis
+            (None: not counted); the memory plan ranks the forms that fit by it.
     """
 
     weights: int
@@ -138,6 +140,7 @@ class StepMemory:
     temporaries: int
     outputs: int
     compiled_on: str
+    flops: float | None = None
 
     @property
     def peak(self) -> int:

@@ -67,7 +67,20 @@ def _step_memory(model: Any, batch: Any, planned: Any, form: StepForm | None,
         batch=max(stats.argument_size_in_bytes - weights - optimizer - on_one(state[3]), 0),
         temporaries=stats.temp_size_in_bytes,
         outputs=max(stats.output_size_in_bytes - stats.alias_size_in_bytes, 0),
-        compiled_on=jax.devices()[0].platform)
+        compiled_on=jax.devices()[0].platform, flops=_flops(compiled))
+
+
+def _flops(compiled: Any) -> float | None:
+    """One device's FLOPs in `compiled`, from XLA's cost analysis (None: not counted; a
+    list of one dict in older jaxlibs)."""
+    try:
+        cost = compiled.cost_analysis()
+    except Exception:  # noqa: BLE001 - a backend without cost analysis: ranked without
+        return None
+    if isinstance(cost, (list, tuple)):
+        cost = cost[0] if cost else None
+    flops = (cost or {}).get("flops")
+    return float(flops) if flops and flops > 0 else None
 
 
 def call_memory(model: Any, kind: str, batch: Any) -> StepMemory:

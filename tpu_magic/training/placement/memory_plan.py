@@ -76,8 +76,10 @@ def before_fit(connection: Any, model: Any, batch: Any, planned: tuple[Chip, int
         raise MemoryPlanError(refusal(written, total, where, _changes(
             connection, model, batch, asked)))
     not_micro = backend.step_form_not_exact(model)
+    remat_allowed = getattr(request, "remat", None) is not False  # `--remat off`: none
     forms = fitting.candidates(_rows(batch) // connection.replicas,
-                               bool(backend.repeated_blocks(model)), not_micro is None)
+                               remat_allowed and bool(backend.repeated_blocks(model)),
+                               not_micro is None)
     chosen = fitting.fit(lambda form: backend.step_memory(model, batch, form=form), written,
                          HEADROOM * total, forms, not_micro)
     if chosen.form is None:
@@ -203,8 +205,9 @@ def fitted_line(written: StepMemory, chosen: fitting.Fitted, total: float, where
     return (f"memory plan: {_gib(written.peak)} GiB is more than {100 * HEADROOM:.0f} % of "
             f"{_gib(total)} GiB {where}, so {chosen.form.describe(rows)}: "
             f"{_gib(memory.peak)} GiB (activations and gradients {_gib(memory.temporaries)}"
-            f" of {_gib(written.temporaries)}); {tried} form{'s' * (tried != 1)} planned in "
-            f"{chosen.seconds:.2g} s" + _on_cpu(memory))
+            f" of {_gib(written.temporaries)}), the fitting form of least estimated step "
+            f"time ({fitting.cost(written, chosen.form):.2f}x as written); {tried} "
+            f"form{'s' * (tried != 1)} planned in {chosen.seconds:.2g} s" + _on_cpu(memory))
 
 
 def _on_cpu(memory: StepMemory) -> str:
