@@ -80,12 +80,12 @@ def test_one_cell_trains_on_jax_in_a_process_without_tensorflow():
 
 
 # The JAX suite in two processes, each bounded by its own limit: published and unseen code
-# (test_published_jax.py: KerasHub models, about 20 minutes on a cold compilation cache on
+# (jax_backend/published/: KerasHub models, about 20 minutes on a cold compilation cache on
 # 2 cores) and the rest (the backend, plain-Keras parity, several hosts: about 12). One
 # process for all took 30 minutes cold, past one limit, with nothing wrong.
 JAX_SUITE_PARTS = {
-    "backend_and_hosts": ["jax_backend", "--ignore=jax_backend/test_published_jax.py"],
-    "published": ["jax_backend/test_published_jax.py"],
+    "backend_and_hosts": ["jax_backend", "--ignore=jax_backend/published"],
+    "published": ["jax_backend/published"],
 }
 
 # A process that dies (XLA aborts it, for one) takes pytest's captured output with it. So the

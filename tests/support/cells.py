@@ -176,3 +176,14 @@ model = keras.Sequential([keras.Input((10,)), keras.layers.Dense(3, activation="
 model.compile("adam", "categorical_crossentropy", metrics=[keras.metrics.F1Score()])
 evaluation = model.evaluate(x, y, return_dict=True, verbose=0)
 """
+
+
+# CIFAR-10-shaped images and labels (203 to train, 45 to test; int labels of shape (n, 1)),
+# for the keras-io vision examples in tests/jax_backend/published/.
+CIFAR_SHAPED = """
+rs = np.random.RandomState(6)
+x_train = rs.randint(0, 256, (203, 32, 32, 3)).astype("float32")
+y_train = rs.randint(0, 10, (203, 1))
+x_test = rs.randint(0, 256, (45, 32, 32, 3)).astype("float32")
+y_test = rs.randint(0, 10, (45, 1))
+"""
