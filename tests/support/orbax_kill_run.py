@@ -1,5 +1,5 @@
 """A model split over 8 simulated devices trained with `--checkpoint` (orbax, one directory per
-epoch) in a process of its own, for test_jax_backend.py's killed-write test.
+epoch) in a process of its own, for test_sharding_jax.py's killed-write test.
 
     python orbax_kill_run.py DIR [--kill-at-epoch N] [--resume]
 
