@@ -226,6 +226,35 @@ def test_kerashub_dict_inputs_on_hosts_get_tokens_per_second_of_real_tokens(ip, 
     assert "tokens/s (real tokens, padding left out)" in report.summary()
 
 
+# Dense layers with LoRA, named so that a model built here has the hosts' variable paths
+LORA = """
+keras.utils.set_random_seed(0)
+adapted = keras.Sequential([keras.Input(images.shape[1:]), keras.layers.Flatten(),
+                            keras.layers.Dense(32, activation="relu", name="hidden"),
+                            keras.layers.Dense(10, name="logits")], name="adapted")
+for layer in adapted.layers[1:]:
+    layer.enable_lora(2)
+adapted.compile("adam", "sparse_categorical_crossentropy")
+"""
+
+
+def test_adapters_alone_are_saved_from_the_hosts_and_load_back(ip, hosts, tmp_path):
+    # issue 56: `%tpu_sync --adapters` on several hosts saved every weight (the flag never
+    # reached the hosts' branch)
+    train(ip, LORA + "adapted.fit(images[:203], y[:203], batch_size=32, epochs=1)")
+    report = ip.run_line_magic("tpu_sync", f"adapted --save {tmp_path / 'lora'} --adapters")
+    saved, whole = report.adapters
+    assert report.path == str(tmp_path / "lora.adapters.h5") and saved < 0.5 * whole
+    assert not list(tmp_path.glob("*.weights.h5"))
+    # the same model built here from the seed, the adapters loaded: the hosts' trained model
+    ip.user_ns["path"] = report.path
+    ip.run_cell(LORA + "import tpu_magic\nloaded = tpu_magic.load_adapters(adapted, path)")
+    assert ip.user_ns["loaded"] == 6  # each Dense layer's lora_kernel_a, _b and bias
+    for mine, theirs in zip(ip.user_ns["adapted"].get_weights(),
+                            ip.user_ns[report.as_name].get_weights()):
+        np.testing.assert_allclose(mine, theirs, atol=1e-6)
+
+
 def test_checkpoints_are_written_once_and_every_host_resumes(ip, hosts, tmp_path):
     cell = CNN + "cnn.fit(images[:203], y[:203], batch_size=32, epochs={epochs})"
     first = train(ip, cell.format(epochs=1), f"--no-progress --checkpoint {tmp_path}")

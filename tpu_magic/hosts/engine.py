@@ -158,5 +158,10 @@ def model_state(name: str) -> dict:
                for value in (v.value for v in model.weights)]
     if jax.process_index() != 0:
         return {"gathered": True}
+    from tpu_magic.core.variables import changing_weights
+
+    changing = {id(v) for v in changing_weights(model)}  # what `--adapters` saves
     return {"config": keras.saving.serialize_keras_object(model),
-            "weights": weights, "class": type(model).__name__}
+            "weights": weights, "class": type(model).__name__,
+            "paths": [v.path for v in model.weights],
+            "changing": [i for i, v in enumerate(model.weights) if id(v) in changing]}

@@ -163,9 +163,10 @@ def _framework_object(value: Any) -> bool:
 
 
 def cpu_copy(hosts: Hosts, name: str | None, as_name: str | None, save: str | None,
-             namespace: Mapping[str, Any]) -> tuple[Any, Any]:
+             namespace: Mapping[str, Any], adapters: bool = False) -> tuple[Any, Any]:
     """`%tpu_sync` on several hosts: process 0's model `name` (None: the one trained last),
-    rebuilt on this kernel's CPU as a JAX model. Returns (the copy, its `SyncReport`).
+    rebuilt on this kernel's CPU as a JAX model; `save` written here (`adapters`: what
+    trains alone, as on one process). Returns (the copy, its `SyncReport`).
 
     Raises:
         SyncError: nothing trained on the hosts, or a bad copy name.
@@ -188,7 +189,7 @@ def cpu_copy(hosts: Hosts, name: str | None, as_name: str | None, save: str | No
 
     classes = {k: v for k, v in namespace.items() if isinstance(v, type)}
     return copy_from_state(state, name=name, as_name=target, custom_objects=classes,
-                           save=save, source=f"{hosts.engines[0].label}, gathered from "
+                           save=save, adapters=adapters, source=f"{hosts.engines[0].label}, gathered from "
                                              f"{len(hosts.engines)} hosts")
 
 

@@ -197,7 +197,8 @@ class TpuMagics(Magics, Configurable):
         if process.hosts() is not None:
             from tpu_magic.hosts.run import cpu_copy
 
-            new, report = cpu_copy(process.hosts(), model, as_name, save, self.shell.user_ns)
+            new, report = cpu_copy(process.hosts(), model, as_name, save, self.shell.user_ns,
+                                   adapters=adapters)
         else:
             from tpu_magic.core.session import session
             from tpu_magic.training.sync.target import chosen_copy

@@ -55,8 +55,23 @@ def save_adapters(model: Any, path: Path, name: str) -> tuple[int, int]:
     """
     trainable = changing_weights(model)
     whole = sum(int(np.prod(w.shape)) * np.dtype(w.dtype).itemsize for w in model.weights)
-    saved = sum(int(np.prod(w.shape)) * np.dtype(w.dtype).itemsize for w in trainable)
-    if not trainable or saved >= ADAPTER_SHARE * whole:
+    return write_adapters(path, [(v.path, np.asarray(v.value)) for v in trainable], whole,
+                          name)
+
+
+def write_adapters(path: Path, named: list, whole: int, name: str) -> tuple[int, int]:
+    """Writes `named` ((variable path, array) pairs: what a model trains) to `path`, where
+    they are adapters: under `ADAPTER_SHARE` of the model's `whole` bytes. Shared by a
+    model here (`save_adapters`) and one whose arrays were gathered from several hosts.
+
+    Returns:
+        (bytes written, `whole`).
+
+    Raises:
+        SyncError: not adapters (most of the model trains), or the file cannot be written.
+    """
+    saved = sum(int(np.asarray(a).nbytes) for _, a in named)
+    if not named or saved >= ADAPTER_SHARE * whole:
         raise SyncError(
             f"--adapters: {saved / 2**20:.2f} of {name!r}'s {whole / 2**20:.2f} MiB train, so "
             "it has no adapters to save alone; enable LoRA (`layer.enable_lora(4)`, KerasHub: "
@@ -65,8 +80,8 @@ def save_adapters(model: Any, path: Path, name: str) -> tuple[int, int]:
         with atomic_path(path, suffix=SUFFIX) as temporary:
             with h5py.File(temporary, "w") as handle:
                 handle.attrs["tpu_magic_adapters"] = 1
-                for variable in trainable:
-                    handle.create_dataset(variable.path, data=np.asarray(variable.value))
+                for variable_path, array in named:
+                    handle.create_dataset(variable_path, data=np.asarray(array))
     except OSError as exc:
         raise SyncError(f"could not write {str(path)!r}: {exc.strerror or exc}") from None
     return saved, whole

@@ -371,15 +371,22 @@ def _copy(model: Any, weights: list, custom_objects: Mapping[str, Any], backend:
 
 def copy_from_state(state: Mapping[str, Any], *, name: str, as_name: str,
                     custom_objects: Mapping[str, Any] = {}, save: str | None = None,
-                    source: str = "the hosts") -> tuple[Any, SyncReport]:
+                    source: str = "the hosts", adapters: bool = False
+                    ) -> tuple[Any, SyncReport]:
     """A CPU model from a model's config and weights read elsewhere (process 0 of several
-    hosts: `hosts.run.model_state`), built and filled here; optionally saved.
+    hosts: `hosts.run.model_state`), built and filled here; optionally saved (`adapters`:
+    the variables the state marks as changing alone, as `sync_to_cpu` saves them).
 
     Raises:
-        SyncError: the config cannot be rebuilt here, or does not take the weights.
+        SyncError: the config cannot be rebuilt here, or does not take the weights; or
+            `adapters` without `save`, or on a model with no adapters.
     """
     start = time.perf_counter()
-    path = weights_path(save) if save is not None else None
+    if adapters and save is None:
+        raise SyncError("--adapters saves the LoRA adapters alone: give the file too, "
+                        "e.g. %tpu_sync --save gemma_lora --adapters")
+    path = (None if save is None else
+            lora.adapters_path(save) if adapters else weights_path(save))
     backend = backends.active()
     serialized = float32_config(variable_batch(dict(state["config"])))
     compile_config = serialized.pop("compile_config", None)
@@ -390,12 +397,19 @@ def copy_from_state(state: Mapping[str, Any], *, name: str, as_name: str,
         except ValueError as exc:
             raise SyncError(f"the CPU copy of {name!r} does not take the weights from {source} "
                             f"({exc})") from None
-    if path is not None:
+    saved = None
+    if path is not None and adapters:
+        weights = state["weights"]
+        saved = lora.write_adapters(
+            path, [(state["paths"][i], weights[i]) for i in state["changing"]],
+            int(sum(np.asarray(w).nbytes for w in weights)), name)
+    elif path is not None:
         save_weights(new, path)
     return new, SyncReport(name=name, as_name=as_name,
                            parameters=int(sum(w.size for w in state["weights"])),
                            seconds=time.perf_counter() - start, max_abs_diff=None,
-                           path=str(path) if path is not None else None, source=source)
+                           path=str(path) if path is not None else None, source=source,
+                           adapters=saved)
 
 
 HOST_LIMIT_VARIABLE = "TPU_MAGIC_HOST_MEMORY_BYTES"  # the host's free memory, for tests
