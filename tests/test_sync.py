@@ -9,7 +9,9 @@ from IPython.core.error import UsageError
 
 import keras
 from tpu_magic.core.atomic import atomic_path
-from tpu_magic.training.sync.cpu_copy import SyncReport, variable_batch, weights_path
+from tpu_magic.training.sync.rebuild import variable_batch
+from tpu_magic.training.sync.report import SyncReport
+from tpu_magic.training.sync.saving import weights_path
 
 from support.cells import DENSE, dense_model, train
 

@@ -43,7 +43,7 @@ from tpu_magic.training.placement import place as placement
 from tpu_magic.training.placement import sharding
 from tpu_magic.training.report import CellRecord, TrainReport
 from tpu_magic.training.request import TrainRequest
-from tpu_magic.training.sync.cpu_copy import compiled_like, cpu_copy
+from tpu_magic.training.sync.rebuild import compiled_like, cpu_copy
 
 # Its steps are not `strategy.run` calls, and its optimizer would update replicated variables
 # from outside a replica (TensorFlow: "DistributedVariable.handle is not available outside
