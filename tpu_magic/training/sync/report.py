@@ -8,7 +8,6 @@ from tpu_magic.training.sync.probes import PROBE_ROWS
 
 
 @dataclass(frozen=True)
-@dataclass(frozen=True)
 class SyncReport:
     """What `%tpu_sync` did.
 
