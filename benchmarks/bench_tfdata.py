@@ -43,7 +43,7 @@ def run_way(way: str, replicas: int, fits: int) -> list[tuple[float, float]]:
     import numpy as np
     import tensorflow as tf
 
-    from tpu_magic.backends.tf import data as pipeline
+    from tpu_magic.backends.tf import datasets as pipeline
     from tpu_magic.training.inputs.exactness import enable
 
     strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)])

@@ -1,4 +1,4 @@
-"""Inputs under 8 mirrored replicas (`backends.tf.data`): one pipeline on the host whose every
+"""Inputs under 8 mirrored replicas (`backends.tf.data`, `backends.tf.datasets`): one pipeline on the host whose every
 global batch is cut into the replicas' parts (`ReplicaParts`). Each replica gathers only its
 own rows of a NumPy batch, the padding's packed weight carries the whole batch's share of
 real samples, and a user's dataset runs its steps once a global batch, not once a replica."""
@@ -6,7 +6,7 @@ real samples, and a user's dataset runs its steps once a global batch, not once 
 import numpy as np
 import tensorflow as tf
 
-from tpu_magic.backends.tf import data
+from tpu_magic.backends.tf import batch_parts, data, datasets
 from tpu_magic.core.packed import MASK, REAL
 
 
@@ -68,8 +68,8 @@ def test_a_users_dataset_runs_once_a_global_batch_and_each_replica_gets_its_rows
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(16).map(
         lambda bx, by: (tf.ensure_shape(tf.numpy_function(read, [bx], tf.float32), [None, 1]),
                         by))
-    whole = data.whole_batches(dataset, 16, strategy)
-    assert isinstance(whole, data.ReplicaParts)
+    whole = datasets.whole_batches(dataset, 16, strategy)
+    assert isinstance(whole, batch_parts.ReplicaParts)
     assert len(whole.element_spec) == 3  # a replica's part: (x, y, packed weight)
     steps = [[tf.nest.map_structure(lambda t: t.numpy(), p)
               for p in strategy.experimental_local_results(batch)] for batch in whole]

@@ -71,13 +71,13 @@ class TensorFlowBackend(Named):
                      masked: bool = True, *, batch: int | None = None, shuffle: bool = False,
                      class_weight: Any = None, steps: int | None = None,
                      keep: int = 1) -> tuple[Any, bool]:
-        from tpu_magic.backends.tf.data import user_batches
+        from tpu_magic.backends.tf.datasets import user_batches
 
         return user_batches(data, strategy, note, masked, batch=batch, shuffle=shuffle,
                             class_weight=class_weight, steps=steps, keep=keep)
 
     def dataset_batch_size(self, data: Any) -> int | None:
-        from tpu_magic.backends.tf.data import dataset_batch_size
+        from tpu_magic.backends.tf.datasets import dataset_batch_size
 
         return dataset_batch_size(data)
 

@@ -24,7 +24,7 @@ def for_fit(model: Any, call: Mapping[str, Any]) -> WholeBatch | None:
     """The means to run a fit (`call`: its inputs as built) with every replica taking the
     whole batch; None where its training input cannot be given so (not tpu_magic's cut
     into the replicas' parts: Keras distributes it)."""
-    from tpu_magic.backends.tf.data import ReplicaParts
+    from tpu_magic.backends.tf.batch_parts import ReplicaParts
 
     train = call.get("x")
     if not isinstance(train, ReplicaParts) or not train.gives_whole:
