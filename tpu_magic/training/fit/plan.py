@@ -105,13 +105,14 @@ def plan_fit(request: TrainRequest, placement: Placement, model: Any,
     call = dict(call)
     if "epochs" not in named and request.epochs is not None:
         call["epochs"] = request.epochs
-    batch = _batch(request, placement, model, call, named, label, note)
+    batch = _batch(request, placement, model, call, named, label)
     prepare(model)
     settled = _settled(placement, request, model,
                        lambda: first_batch(placement.connection, model, call, batch), owners,
                        note)
     if settled.connection is not placement.connection:  # --shard auto laid out a mesh
-        batch = _batch(request, settled, model, call, named, label, note)
+        batch = _batch(request, settled, model, call, named, label)
+    _said(request, model, batch, note)  # once, for the placement the fit trains on
     resume_from = None if resume is None else resume(model, call["epochs"], settled.connection)
     seed = random_state.order_seed() if resume_from is None else resume_from.seed
     if resume_from is not None:
@@ -141,16 +142,20 @@ def _settled(placement: Placement, request: TrainRequest, model: Any,
 
 
 def _batch(request: TrainRequest, placement: Placement, model: Any, call: Mapping[str, Any],
-           named: set, label: str | None, note: Callable[..., None]) -> BatchPlan:
-    """The fit's batch over the placement's data rows, its advice said, and `--scale-lr`
-    applied for it: the one planning step (again only where `--shard auto` moved the fit
-    onto a mesh of fewer data rows)."""
-    batch = planning.plan_call("fit", model, call, named, placement.connection,
-                               request.batch, label=label)
+           named: set, label: str | None) -> BatchPlan:
+    """The fit's batch over the placement's data rows (`planning.plan_call`, nothing said
+    or changed: planned again only where `--shard auto` moved the fit onto a mesh of fewer
+    data rows)."""
+    return planning.plan_call("fit", model, call, named, placement.connection,
+                              request.batch, label=label)
+
+
+def _said(request: TrainRequest, model: Any, batch: BatchPlan,
+          note: Callable[..., None]) -> None:
+    """The batch's advice said and `--scale-lr` applied for it, once a fit."""
     for warning in batch.warnings:
         note(warning, "warning: ")
     if request.scale_lr:
         said = planning.scale_learning_rate(model, batch)
         if said:
             note(said, "")
-    return batch
