@@ -72,3 +72,39 @@ def test_reading_a_request_imports_no_framework():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "[]"
+
+
+# -- the flags as the magic reads them, and as several hosts get them -------------------------
+
+EVERY_FLAG = ("--batch-size 64 --epochs 3 --scale-lr --steps-per-execution auto "
+              "--checkpoint 'my ckpt' --keep 4 --resume --precision bf16 --shard model "
+              "--mesh 2x4 --plan-for v5e-8 --memory auto --microbatches 2 --remat off "
+              "--verify off --no-progress")
+
+
+def _parsed(line):
+    from tpu_magic.notebook.magics import TpuMagics, _parse
+
+    return vars(_parse(TpuMagics.tpu_train, line))
+
+
+def test_every_flag_of_tpu_train_reaches_the_hosts_as_typed():
+    from tpu_magic.training.request import TRAIN_FLAGS, as_line, flag_values
+
+    typed = _parsed(EVERY_FLAG)
+    assert sorted(typed) == sorted(TRAIN_FLAGS)  # a new flag must be listed to travel
+    assert all(value not in (None, False) for value in typed.values())
+    values = flag_values(typed)
+    assert flag_values(_parsed(as_line(values))) == values
+
+
+def test_the_notebooks_defaults_reach_the_hosts_and_typed_flags_win():
+    from tpu_magic.training.request import as_line, flag_values
+
+    defaults = dict(precision="bf16", shard="auto", verify="off")
+    line = as_line(flag_values(_parsed("--epochs 2"), **defaults))
+    assert flag_values(_parsed(line)) == flag_values(_parsed(
+        "--epochs 2 --precision bf16 --shard auto --verify off"))
+    typed = flag_values(_parsed("--shard data --verify on"), **defaults)
+    assert (typed["shard"], typed["verify"], typed["precision"]) == ("data", "on", "bf16")
+    assert as_line(flag_values(_parsed(""))) == "--verify on"

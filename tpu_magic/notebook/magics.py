@@ -288,15 +288,26 @@ class TpuMagics(Magics, Configurable):
         from tpu_magic.core import process
 
         __tracebackhide__ = True  # noqa: F841
-        args = _parse(self.tpu_train, line)
+        from tpu_magic.training.request import as_line
+
+        flags = self._flags(line)
         self.workspace.require_idle("%%tpu_train")
         if process.hosts() is not None:  # every host runs the cell (multi-controller JAX)
-            return self._train_on_hosts(process.hosts(), line, cell, args.no_progress)
-        report = self._train(args, cell)
+            return self._train_on_hosts(process.hosts(), as_line(flags), cell,
+                                        flags["no_progress"])
+        report = self._train(flags, cell)
         self._leave_a_picture(report)
         return report
 
-    def _train(self, args, cell: str):
+    def _flags(self, line: str) -> dict:
+        """The cell's flags, this magic's defaults where one was not typed: what the request
+        is read from here, and on every host (`request.flag_values`, `as_line`)."""
+        from tpu_magic.training.request import flag_values
+
+        return flag_values(vars(_parse(self.tpu_train, line)), precision=self.precision,
+                           shard=self.shard, verify=self.verify)
+
+    def _train(self, flags: dict, cell: str):
         """The cell's code run by its `TrainingCell`; the workspace records the cell even
         where it failed. Framework chatter is kept out of the cell."""
         from tpu_magic.notebook.cell_run import cell_work
@@ -306,32 +317,27 @@ class TpuMagics(Magics, Configurable):
         __tracebackhide__ = True  # noqa: F841
         quiet_native_logs()
         with tensorflow_info_silenced():
-            training = self._training_cell(args)
+            training = self._training_cell(flags)
             try:
                 with cell_work(self.shell, cell) as work, tensorflow_load_notes_dropped():
                     return training.run(work)
             finally:
                 self.workspace.cell_ended(training)
 
-    def _training_cell(self, args):
+    def _training_cell(self, flags: dict):
         """The cell's `TrainingCell`: connected (auto, said, where nothing is), its request
-        read from the flags and this magic's defaults (`TpuMagics.precision`, ...)."""
+        read from `flags` (`request.flag_values`: this magic's defaults in place)."""
         from tpu_magic.training.cell import TrainingCell
         from tpu_magic.training.request import read_request
 
         workspace, connection = self.workspace, self._connected()
         check = workspace.check
+        read = {name: value for name, value in flags.items() if name != "no_progress"}
         request = read_request(
-            connection, batch_size=args.batch_size, epochs=args.epochs,
-            scale_lr=args.scale_lr, steps_per_execution=args.steps_per_execution,
+            connection, **read,
             # an engine always draws: the notebook watches its bars
-            progress=not args.no_progress or _on_an_engine(), checkpoint=args.checkpoint,
-            keep=args.keep, resume=args.resume,
-            precision=args.precision if args.precision is not None else self.precision or None,
-            shard=args.shard or self.shard or None, mesh=args.mesh, plan_for=args.plan_for,
-            verify=args.verify if args.verify is not None else self.verify,
-            measured_tflops=check.measured_tflops if check is not None else None,
-            memory=args.memory, microbatches=args.microbatches, remat=args.remat)
+            progress=not flags["no_progress"] or _on_an_engine(),
+            measured_tflops=check.measured_tflops if check is not None else None)
         return TrainingCell(connection, request, self.shell.user_ns, bar=_progress_bar(),
                             view=workspace.panel, agreed=frozenset(workspace.agreed),
                             inputs_measured=dict(workspace.inputs_measured),

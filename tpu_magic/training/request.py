@@ -3,7 +3,9 @@ once, into one frozen value, before anything runs.
 
 The first step of a cell's one way through (request → placement → run → report): the
 magic, the panel's job and a host's engine build a `TrainRequest` with `read_request`, and
-nothing after it parses a flag again. The shard mode is an enum, the mesh integers, the
+nothing after it parses a flag again. The magic's flags with its defaults in place
+(`flag_values`) are what each host's engine gets too, as a line (`as_line`): the hosts read
+the same request, the notebook's `%config TpuMagics...` defaults among it. The shard mode is an enum, the mesh integers, the
 chip planned for a `Chip`, the batch a `BatchPlan` over the data rows it will split into.
 """
 
@@ -12,7 +14,7 @@ from __future__ import annotations
 import enum
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from tpu_magic.core.batching import BatchPlan, plan_batches
 from tpu_magic.core.chips import Chip, chip_for
@@ -72,6 +74,53 @@ class TrainRequest:
     @property
     def batch_size(self) -> int | None:
         return None if self.batch is None else self.batch.global_batch
+
+
+# `%%tpu_train`'s flags by argparse's names (what `read_request` takes, but for
+# `no_progress`), in the order the magic lists them. Flags that take no value:
+TRAIN_FLAGS = ("batch_size", "epochs", "scale_lr", "steps_per_execution", "checkpoint", "keep",
+               "resume", "precision", "shard", "mesh", "plan_for", "memory", "microbatches",
+               "remat", "verify", "no_progress")
+SWITCHES = frozenset({"scale_lr", "resume", "no_progress"})
+
+
+def flag_values(parsed: Mapping[str, Any], *, precision: str | None = None,
+                shard: str | None = None, verify: Any = "on") -> dict:
+    """A cell's flags as typed (`parsed`: argparse's names), with the magic's defaults
+    (`TpuMagics.precision`, `.shard`, `.verify`) where a flag was not typed: what the
+    request is read from, in this kernel and, as a line (`as_line`), on every host."""
+    values = {name: parsed.get(name) for name in TRAIN_FLAGS}
+    for name, default in (("precision", precision or None), ("shard", shard or None),
+                          ("verify", verify)):
+        if values[name] is None:
+            values[name] = default
+    return values
+
+
+def as_line(values: Mapping[str, Any]) -> str:
+    """`values` (`flag_values`) as a `%%tpu_train` line that reads back to them: what a
+    host's engine runs the cell with."""
+    parts = []
+    for name in TRAIN_FLAGS:
+        value = values.get(name)
+        if value is None or (name in SWITCHES and not value):
+            continue
+        flag = "--" + name.replace("_", "-")
+        if name in SWITCHES:
+            parts.append(flag)
+        else:
+            word = ("on" if value else "off") if isinstance(value, bool) else str(value)
+            parts.append(f"{flag} {_as_typed(word)}")
+    return " ".join(parts)
+
+
+def _as_typed(word: str) -> str:
+    """A value as the magic's parser reads it back: IPython keeps a quoted value's quotes in
+    it, so a value with spaces is already quoted as typed; one that is not gets quotes."""
+    if not re.search(r"\s", word) or word[:1] in "'\"" and word[-1:] == word[:1]:
+        return word
+    return '"' + word.replace('"', '\\"') + '"'
+
 
 
 def read_request(connection: Any, *, batch_size: int | None = None, epochs: Any = None,
