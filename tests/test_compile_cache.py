@@ -1,5 +1,5 @@
 """JAX's persistent compilation cache: two processes sharing one (the pure rules are in
-tests/unit/test_compile_cache.py)."""
+tests/unit/backends/jax/test_compile_cache.py)."""
 
 import json
 import subprocess

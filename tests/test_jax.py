@@ -1,5 +1,5 @@
 """The JAX backend: the JAX suite in a process of its own (the pure choice of backend is in
-tests/unit/test_backend_choice.py).
+tests/unit/connecting/test_backend_choice.py).
 
 A process has one Keras backend, and this one's is TensorFlow, so tests/jax_backend
 runs in a subprocess with KERAS_BACKEND=jax and 8 simulated devices. Without JAX

@@ -313,3 +313,12 @@ def test_the_object_rule_finds_a_write_where_there_is_one():
                      "    model._tpu_magic_loop = 2\n    return getattr(model, '_tpu_magic_y')\n")
     assert object_writes(tree) == ["object.__setattr__(model, 'x', 1)",
                                    "model._tpu_magic_loop", "'_tpu_magic_y'"]
+
+
+def test_the_unit_tests_folders_mirror_the_package():
+    # a module's direct tests sit in the folder of the same name under tests/unit
+    unit = Path(__file__).parent
+    folders = {p.relative_to(unit) for p in unit.rglob("*") if p.is_dir()
+               and p.name != "__pycache__"}
+    assert folders and {str(f) for f in folders if not (PACKAGE / f).is_dir()} == set()
+

@@ -6,7 +6,7 @@ replicas, the batch NumPy data is cut into, and the inputs a connection cannot t
 Pure decisions: nothing here trains or prints; warnings come back for the cell to say.
 Keras, NumPy and the modules that import them (`core.arrays`, `exactness`) are imported
 inside the functions that read arrays or models, so that the decisions are unit-tested
-without a framework (tests/unit/test_planning.py).
+without a framework (tests/unit/training/inputs/test_planning.py).
 """
 
 from __future__ import annotations

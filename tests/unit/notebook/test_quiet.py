@@ -31,7 +31,7 @@ def test_a_connect_window_drops_native_notes_and_gives_the_rest_back():
         os.write(2, b"after\\n")
     """)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])})
     assert done.returncode == 0, done.stderr
     assert done.stderr == b"kept while loading\nafter\n"
 
@@ -49,7 +49,7 @@ def test_a_training_cell_drops_the_notes_of_a_tensorflow_it_loads_and_only_then(
             os.write(2, b"I0000 00:00:1.0   1 later.cc:1] passes through\\n")
     """)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])})
     assert done.returncode == 0, done.stderr
     assert done.stderr == b"the cell's own\nI0000 00:00:1.0   1 later.cc:1] passes through\n"
 
@@ -87,7 +87,7 @@ def test_where_tensorflow_cannot_be_imported_a_training_cell_holds_nothing_back(
             os.write(2, {ONEDNN!r})
             os._exit(3)  # the process dies inside the cell
     """)
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     blocked = f"{root / 'tests' / 'without_tensorflow'}{os.pathsep}{root}"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60,
                           env={**os.environ, "PYTHONPATH": blocked})

@@ -96,7 +96,7 @@ def test_the_doctor_runs_on_its_own_and_says_what_it_looked_at():
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("COLAB_", "KAGGLE_"))} | {"COLAB_RELEASE_TAG": "release-colab"}
     done = subprocess.run([sys.executable, "-m", "tpu_magic.connecting.doctor", "--tpu"],
