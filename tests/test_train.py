@@ -9,7 +9,8 @@ import keras
 import tpu_magic
 from tpu_magic.training.fit.progress import FitProgress, FitTiming
 
-from support.cells import DENSE, dense_model, overrides_kept, train, traced_steps_kept
+from support.cells import (DENSE, dense_model, let_go_is_collected, overrides_kept, train,
+                           traced_steps_kept)
 from support.data import SETUP
 from support.same import cpu_copy
 
@@ -27,6 +28,10 @@ def test_a_model_built_in_the_cell_trains_on_8_replicas(digits):
     assert tpu_magic.workspace().last_model is model and report.model_name == "model"
     assert "64 (8 per replica)" in report.summary()
     assert keras.Model.fit is KERAS_FIT
+
+
+def test_a_model_the_notebook_lets_go_is_collected_as_in_plain_keras(digits):
+    assert let_go_is_collected(digits)
 
 
 def test_a_later_cell_runs_the_traced_step_until_the_trainable_set_changes(digits):

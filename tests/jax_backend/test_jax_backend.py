@@ -7,7 +7,7 @@ import pytest
 from IPython.core.error import UsageError
 
 import tpu_magic
-from support.cells import CNN, overrides_kept, train, traced_steps_kept
+from support.cells import CNN, let_go_is_collected, overrides_kept, train, traced_steps_kept
 
 LSTM = """
 keras.utils.set_random_seed(0)
@@ -48,6 +48,10 @@ def test_the_seed_cnn_trains_with_a_partial_last_batch(ip, tmp_path):
     assert len(report.checkpoints) == 2 and "tensorflow" not in sys.modules
     assert report.global_batch == 128 and report.per_replica == 16
     assert np.isfinite(report.metrics["loss"]) and "val_loss" in report.metrics
+
+
+def test_a_model_the_notebook_lets_go_is_collected_as_in_plain_keras(ip):
+    assert let_go_is_collected(ip)
 
 
 def test_a_later_cell_runs_the_traced_step_until_the_trainable_set_changes(ip):

@@ -74,6 +74,22 @@ def train(ip, cell, line="--no-progress"):
     return ip.run_cell_magic("tpu_train", line, cell)
 
 
+def let_go_is_collected(ip) -> bool:
+    """DENSE trained in a cell (its report kept, as IPython's `Out` keeps a cell's value),
+    then the notebook lets the model go (`del`, or a cell run again assigning `model`):
+    whether the model was collected, as plain Keras's is. (The workspace and the report's
+    `History` held it: a cell run again kept the old model's device memory beside the new.)"""
+    import gc
+
+    kept = train(ip, DENSE + "history = model.fit(x[:256], y[:256], batch_size=64, epochs=1, "
+                             "verbose=0)")
+    ip.run_cell("import weakref as _weakref\n_gone = _weakref.ref(model)\ndel model, history")
+    gc.collect()
+    collected = ip.user_ns.pop("_gone")() is None
+    del kept
+    return collected
+
+
 def traced_steps_kept(ip):
     """DENSE fit in one cell, again in a second, then with its first layer frozen (and the
     model compiled again, as Keras asks) in a third. Returns whether the second cell ran the

@@ -52,6 +52,9 @@ class ModelRecord:
         installed: the methods installed on it, by name (`install`).
         beside: the compiles started beside its steps and not yet waited for (JAX,
             `backends.jax.beside`): a call waits for them before it ends.
+        last_fit: its last `fit` as a `%%tpu_train` cell made it (`training.cell.FitCall`,
+            which the panel's Train repeats): kept here, with the model, so that the
+            notebook's workspace can hold the model weakly.
     """
 
     generation: object = dataclasses.field(default_factory=object)
@@ -67,6 +70,7 @@ class ModelRecord:
     reference: Any = None
     installed: dict = dataclasses.field(default_factory=dict)
     beside: list = dataclasses.field(default_factory=list)
+    last_fit: Any = None
 
 
 class _Table:

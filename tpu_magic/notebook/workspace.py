@@ -12,6 +12,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
+from tpu_magic.core import record
 from tpu_magic.core.errors import BusyError
 
 
@@ -22,16 +23,17 @@ class Workspace:
     Attributes:
         panel: the ipywidgets panel, once shown.
         last_model / last_model_name: the model the last `%%tpu_train` cell trained, and
-            the user's name for it.
-        last_fit: that model's last `fit` (a `training.cell.FitCall`): what the panel's Train
-            repeats.
+            the user's name for it; held weakly (None once the notebook lets it go, as
+            plain Keras would: a cell run again builds its new model beside no copy of the
+            old one's device memory).
+        last_fit: that model's last `fit` (a `training.cell.FitCall`, kept in the model's
+            record): what the panel's Train repeats.
         job: the training job the panel's Train started last (a `job.TrainJob`).
     """
 
     panel: Any = None
-    last_model: Any = None
+    _trained: Any = None  # a weak reference to the model trained last
     last_model_name: str | None = None
-    last_fit: Any = None
     job: Any = None
     connection: Any = None  # the connection the rest belongs to
     check: Any = None  # the last `--check` on this connection (a `check.DeviceCheck`)
@@ -45,6 +47,15 @@ class Workspace:
     inputs_measured: dict = field(default_factory=dict)
     # training FLOPs of a sample by `utilization.flops_key`, for this connection
     flops_counted: dict = field(default_factory=dict)
+
+    @property
+    def last_model(self) -> Any:
+        return self._trained() if self._trained is not None else None
+
+    @property
+    def last_fit(self) -> Any:
+        model = self.last_model
+        return None if model is None else record.of(model).last_fit
 
     @property
     def busy(self) -> bool:
@@ -64,14 +75,15 @@ class Workspace:
         """A connect: a new connection starts afresh (its panel, no model trained on it);
         the same one, reused, keeps everything."""
         if connection is not self.connection:
-            self.panel = self.last_model = self.last_model_name = self.last_fit = self.job = None
+            self.panel = self._trained = self.last_model_name = self.job = None
             self.check = None
             self.inputs_measured, self.flops_counted = {}, {}
             self.connection = connection
 
     def trained(self, model: Any, name: str | None, fit: Any) -> None:
         """A `%%tpu_train` cell's last `fit`: the model Sync, Save and Train act on."""
-        self.last_model, self.last_model_name, self.last_fit = model, name, fit
+        record.of(model).last_fit = fit
+        self._trained, self.last_model_name = weakref.ref(model), name
 
     def cell_ended(self, training: Any) -> None:
         """A `%%tpu_train` cell ended (or failed): its report, its last `fit` and model, and

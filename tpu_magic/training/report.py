@@ -8,6 +8,7 @@ is a frozen `FitOutcome`); when the cell ends, `CellRecord.report()` builds the 
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
@@ -236,4 +237,18 @@ class CellRecord:
             checkpoints=tuple(p for f in self.fits for p in f.checkpoints),
             resumed_from=next((f.resumed_from for f in self.fits if f.resumed_from), None),
             left_out=dict(self.left_out), precision=self.precision, sharding=self.sharding,
-            memory_plan=self.memory_plan, seconds=self.seconds, **of_fit)
+            memory_plan=self.memory_plan, seconds=self.seconds,
+            **{**of_fit, "history": _without_model(of_fit.get("history"))})
+
+
+def _without_model(history: Any) -> Any:
+    """A fit's `History` as the report keeps it: its logs and epochs, not its model.
+    IPython keeps a cell's returned report (`Out`, `_`), and a `History` refers to its
+    model: a cell run again would hold the old model's device memory beside the new one,
+    where plain Keras lets it go when `model` is assigned again. The user's own `History`
+    (what `fit` returned in the cell) keeps its model, as in plain Keras."""
+    if history is None or getattr(history, "_model", None) is None:
+        return history
+    kept = copy.copy(history)
+    kept._model = None
+    return kept

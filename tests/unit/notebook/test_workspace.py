@@ -1,5 +1,7 @@
 """The per-notebook workspace: one guard for every action a running job would disturb."""
 
+import gc
+
 import pytest
 
 from tpu_magic.core.errors import BusyError
@@ -31,12 +33,28 @@ def test_a_new_connection_starts_afresh_and_the_same_one_keeps_everything():
     first, second = object(), object()
     workspace.connected(first)
     workspace.panel = "panel"
-    workspace.trained("model", "m", "fit")
+    model = Model()
+    workspace.trained(model, "m", "fit")
     workspace.connected(first)
     assert (workspace.panel, workspace.last_model_name, workspace.last_fit) == ("panel", "m", "fit")
     workspace.connected(second)
     assert (workspace.panel, workspace.last_model, workspace.last_fit) == (None, None, None)
     assert workspace.connection is second
+
+
+class Model:
+    """A stand-in model (any object a weak reference can name)."""
+
+
+def test_the_model_trained_last_is_held_only_while_the_notebook_holds_it():
+    # plain Keras lets a model go when the notebook does (a cell run again assigns `model`):
+    # the workspace must not keep its device memory alive beside the new model's
+    workspace, model = Workspace(), Model()
+    workspace.trained(model, "model", "its fit")
+    assert workspace.last_model is model and workspace.last_fit == "its fit"
+    del model
+    gc.collect()
+    assert (workspace.last_model, workspace.last_fit) == (None, None)
 
 
 def test_each_shell_has_its_own_workspace():
