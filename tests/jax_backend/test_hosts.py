@@ -340,17 +340,22 @@ def test_a_host_killed_mid_fit_ends_the_cell_naming_it_and_the_next_connect_work
     from tpu_magic.core import process
 
     victim = process.hosts().engines[1]
-    slow = (CNN + "import time\n"
+    # what the process writes itself (XLA's and Python's last words go there): shown
+    slow = (CNN + "import os, time, jax\n"
             "class Slow(keras.callbacks.Callback):\n"
             "    def on_train_batch_end(self, batch, logs=None):\n"
+            "        if batch == 0 and jax.process_index() == 1:\n"
+            "            os.write(2, b'host one was here\\n')\n"
             "        time.sleep(0.2)\n"
             "cnn.fit(images[:512], y[:512], batch_size=64, epochs=50, callbacks=[Slow()])\n")
     killer = threading.Timer(12.0, os.kill, (victim.pid, 9))
     killer.start()
     started = time.monotonic()
     try:
-        with pytest.raises(UsageError, match=rf"host 1 \({victim.host}\) ended mid-cell"):
+        with pytest.raises(UsageError, match=rf"host 1 \({victim.host}\) ended mid-cell") as ended:
             train(ip, slow)
+        said = str(ended.value)
+        assert "wrote last:" in said and "host one was here" in said, said
     finally:
         killer.cancel()
     assert time.monotonic() - started < 12.0 + 10.0  # found at once, not after a collective times out

@@ -93,6 +93,25 @@ class Hosts:
         ids = set(self.client.ids)
         return [e for e in self.engines if e.engine_id not in ids]
 
+    def last_output(self, engine: Engine, lines: int = 12) -> str | None:
+        """The last lines a local engine's process wrote (stdout and stderr: why it ended,
+        where XLA or Python said so), read before the cluster's stop removes them; None
+        where there is no such file (an engine that was running already)."""
+        if self.cluster is None:
+            return None
+        for engine_set in list(getattr(self.cluster, "engines", {}).values()):
+            for launcher in list(getattr(engine_set, "launchers", {}).values()):
+                path = getattr(launcher, "output_file", None)
+                if getattr(launcher, "pid", None) != engine.pid or not path:
+                    continue
+                try:
+                    with open(path, errors="replace") as handle:
+                        text = [line.rstrip() for line in handle if line.strip()]
+                except OSError:
+                    return None
+                return "\n".join(text[-lines:]) or None
+        return None
+
     def interrupt(self) -> None:
         """Ctrl-C to every engine (local ones by signal; others through ipyparallel)."""
         if self.cluster is not None:

@@ -56,12 +56,13 @@ def train(hosts: Hosts, line: str, cell: str, namespace: MutableMapping[str, Any
             bars.show(data[0] if data else None)
             dead = hosts.dead()
             if dead:
+                said = _last_words(hosts, dead)  # read before the stop removes them
                 _stop(hosts)
                 raise HostsError(
                     ", ".join(e.label for e in dead) + " ended mid-cell (its process is gone). "
                     "The other hosts were stopped too: they wait for it in every step. "
                     "Connect again (`%tpu_connect ...`) and re-run the cell; with "
-                    "--checkpoint DIR --resume it goes on from the last epoch saved.")
+                    "--checkpoint DIR --resume it goes on from the last epoch saved." + said)
             stuck = watch.stuck(data or [], time.monotonic())
             if stuck:
                 _stop(hosts)
@@ -95,6 +96,13 @@ def _draw_seed() -> int:
     """One seed a cell for every host, so an unseeded cell builds the same model on each
     (`engine.run_cell`); fresh each cell, as an unseeded notebook's draws are."""
     return random.SystemRandom().randrange(2**31)
+
+
+def _last_words(hosts: Hosts, dead: list) -> str:
+    """What the dead engines wrote last (why a process ended, where it said), as a few
+    lines for the message; empty where nothing is known."""
+    said = [(e, hosts.last_output(e)) for e in dead]
+    return "".join(f"\n{e.label} wrote last:\n{text}" for e, text in said if text)
 
 
 def _stop(hosts: Hosts) -> None:
