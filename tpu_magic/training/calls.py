@@ -14,7 +14,7 @@ from tpu_magic.core import arrays
 from tpu_magic.core.batching import BatchPlan
 from tpu_magic.core.steps import builds_from_a_pass, layers_built
 from tpu_magic.training import routing
-from tpu_magic.training.fit.run import steps_for
+from tpu_magic.training.fit.steps_for import steps_for
 from tpu_magic.training.inputs import exactness, planning
 from tpu_magic.training.inputs.build import Inputs
 from tpu_magic.training.placement import memory_plan
@@ -39,7 +39,7 @@ class Calls:
         quiet: Keras's own progress output off (the cell's bars show).
         one_device_copy: model -> a maker of its compiled copy on one device (plain
             Keras's code: where `evaluate`'s left-out samples are evaluated).
-        requested: `--steps-per-execution` (None: auto: `fit.run.steps_for`).
+        requested: `--steps-per-execution` (None: auto: `fit.steps_for.steps_for`).
         batch: `--batch-size`'s plan (None: each call's own batch).
         prepare: puts the cell's settings on a model before its call (`models.setup`).
     """
@@ -114,7 +114,7 @@ class Calls:
         return Evaluated(wanted, numbers, left_out)
 
     def _grouped(self, model: Any, built: Any, kind: str, callbacks: Any) -> Any:
-        """The call's steps an execution (`fit.run.steps_for`), in force while it runs."""
+        """The call's steps an execution (`fit.steps_for.steps_for`), in force while it runs."""
         connection = self.inputs.connection
         chosen = steps_for(connection, model, built, self.requested, kind, callbacks)
         return connection.backend.grouped_steps(model, chosen, built.own)

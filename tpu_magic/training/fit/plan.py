@@ -43,7 +43,7 @@ class FitPlan:
         steps: the steps an execution (`fit.steps.Steps`), chosen once the inputs are built
             (`fit.run.ready`; None before).
         first: the fit's first batch as fed, read when first asked (`first()`; None where it
-            cannot be read without changing what Keras reads: `fit.run.first_batch`), so a
+            cannot be read without changing what Keras reads: `fit.steps_for.first_batch`), so a
             fit that needs no batch reads none.
     """
 
