@@ -17,7 +17,8 @@ So an LLM's step at a few thousand tokens takes 2, 4, 8 micro-batches before its
 rematerialized; a small batch on a chip takes remat before many micro-batches. Measured
 (docs/benchmarks.md, the memory plan's table): the old rank (remat alone first, fewer
 micro-batches first) chose 2 micro-batches with remat at 0.54 of the best form by hand;
-this rank chooses 4 micro-batches without it. Ties keep fewer micro-batches first.
+this rank chooses 4 micro-batches without it, at 0.94 (0.96 at a tighter limit). Ties keep
+fewer micro-batches first.
 They are planned cheapest first; a candidate the plan as written already shows will not fit
 (its activations shrink by at most its micro-batches) is not compiled; the first that fits
 with headroom wins, and its program, compiled for the plan, is the one the fit runs. Where
