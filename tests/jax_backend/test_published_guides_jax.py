@@ -1,12 +1,6 @@
 """Published Keras code the other suites do not run, on Keras's JAX backend: keras-io guides,
-Keras API docstrings and KerasHub model docstrings (small configurations, random
-weights, nothing downloaded), each written in our own words on small synthetic data of the
-example's shapes, run plainly on one device and through `%%tpu_train` on 8 simulated devices
-from the same seed (`support.same.both`). What they must share is what plain Keras makes
-deterministic: the history (`shuffle=False`), the weights, predictions and evaluations.
-
-Each test names its source above it (a path in keras-team/keras-io, a Keras or KerasHub class
-whose docstring it follows).
+Keras API docstrings and KerasHub model docstrings (small configurations, random weights,
+nothing downloaded), written and compared as test_published_examples_jax.py says.
 """
 
 import pytest
