@@ -12,6 +12,7 @@ the largest difference in predictions (`probes`); the host's memory is checked f
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
@@ -29,6 +30,18 @@ from tpu_magic.training.sync.report import SyncReport
 from tpu_magic.training.sync.saving import save_weights, weights_path
 from tpu_magic.training.sync.structure import structural_copy
 from tpu_magic.training.sync.target import choose_model, copy_name
+
+
+def _save_path(save: str | None, adapters: bool) -> Path | None:
+    """Where `--save` writes (None: nowhere): the adapters file, or the weights file.
+
+    Raises:
+        SyncError: `--adapters` without a file, or an unusable path.
+    """
+    if adapters and save is None:
+        raise SyncError("--adapters saves the LoRA adapters alone: give the file too, "
+                        "e.g. %tpu_sync --save gemma_lora --adapters")
+    return None if save is None else lora.adapters_path(save) if adapters else weights_path(save)
 
 
 def sync_to_cpu(model: Any, *, name: str, as_name: str,
@@ -52,11 +65,7 @@ def sync_to_cpu(model: Any, *, name: str, as_name: str,
         SyncError: the model cannot be copied, or the save path is unusable.
     """
     start = time.perf_counter()
-    if adapters and save is None:
-        raise SyncError("--adapters saves the LoRA adapters alone: give the file too, "
-                        "e.g. %tpu_sync --save gemma_lora --adapters")
-    path = (None if save is None else
-            lora.adapters_path(save) if adapters else weights_path(save))
+    path = _save_path(save, adapters)
     if not model.built:
         raise SyncError(f"model {name!r} has no weights yet: train it first")
     backend = backend or backends.active()
@@ -116,11 +125,7 @@ def copy_from_state(state: Mapping[str, Any], *, name: str, as_name: str,
             `adapters` without `save`, or on a model with no adapters.
     """
     start = time.perf_counter()
-    if adapters and save is None:
-        raise SyncError("--adapters saves the LoRA adapters alone: give the file too, "
-                        "e.g. %tpu_sync --save gemma_lora --adapters")
-    path = (None if save is None else
-            lora.adapters_path(save) if adapters else weights_path(save))
+    path = _save_path(save, adapters)
     backend = backends.active()
     serialized = float32_config(variable_batch(dict(state["config"])))
     compile_config = serialized.pop("compile_config", None)
