@@ -8,17 +8,14 @@ planned the same way.
 The candidates are ranked by an estimate of their step's time against the step as written,
 from the compiler's plan of that step (its FLOPs, its weights' bytes):
 - rematerialized blocks compute each block's forward pass again in the backward pass: about
-  a third more compute (`REMAT_COST`), at any micro-batch count (measured on the CPU: 19 to
-  23 % slower at 2, 4 and 8 micro-batches);
+  a third more compute (`REMAT_COST`), at any micro-batch count;
 - each micro-batch beyond the first reads the weights again (forward and backward), at the
   device's ratio of compute to memory bandwidth (`BALANCE`, FLOP a byte): nearly free where
   a micro-batch has many rows for its weights, a second step's time where it has few.
 So an LLM's step at a few thousand tokens takes 2, 4, 8 micro-batches before its blocks
-rematerialized; a small batch on a chip takes remat before many micro-batches. Measured
-(docs/benchmarks.md, the memory plan's table): the old rank (remat alone first, fewer
-micro-batches first) chose 2 micro-batches with remat at 0.54 of the best form by hand;
-this rank chooses 4 micro-batches without it, at 0.94 (0.96 at a tighter limit). Ties keep
-fewer micro-batches first.
+rematerialized; a small batch on a chip takes remat before many micro-batches (how the
+choice compares with the best form by hand: docs/benchmarks.md). Ties keep fewer
+micro-batches first.
 They are planned cheapest first; a candidate the plan as written already shows will not fit
 (its activations shrink by at most its micro-batches) is not compiled; the first that fits
 with headroom wins, and its program, compiled for the plan, is the one the fit runs. Where

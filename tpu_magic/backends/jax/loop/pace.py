@@ -126,9 +126,9 @@ class Pace:
         if len(self._times) < TIMED:
             return
         # a step's device time: the least of those timed (what else runs beside an early
-        # step, a compile on a thread of its own or a collection, only adds to it: once the
-        # README's MLP step of 2 ms timed 47.6 ms alone, and the whole fit ran one step a
-        # dispatch); the host's: their median
+        # step, a compile on a thread of its own or a collection, only adds to it, and one
+        # such step alone would choose one step a dispatch for the whole call); the
+        # host's: their median
         times = (min(t[0] for t in self._times),
                  statistics.median(t[1] for t in self._times), len(self._times))
         if self._key is not None:
