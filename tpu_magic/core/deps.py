@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import sys
 from types import ModuleType
 from typing import Mapping
 
@@ -28,6 +29,9 @@ def require_tensorflow() -> ModuleType:
 
 
 def _required(name: str, fix: str) -> ModuleType:
+    found = sys.modules.get(name)  # the loop asks once a step: skip the import machinery
+    if found is not None:
+        return found
     try:
         return importlib.import_module(name)
     except ImportError:

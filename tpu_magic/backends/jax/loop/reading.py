@@ -43,7 +43,7 @@ class Group:
 
 def signature(data: Any) -> tuple:
     """A group's type: each array's shape, dtype and layout (a program is compiled for it)."""
-    return tuple((tuple(a.shape), str(a.dtype), getattr(a, "sharding", None))
+    return tuple((tuple(a.shape), a.dtype, getattr(a, "sharding", None))
                  for a in _leaves(data))
 
 
@@ -80,6 +80,8 @@ def placed(data: Any, stacked: bool) -> Any:
 
     jax = require_jax()
     distribution = keras.distribution.distribution()
+    if distribution is None or distribution.device_mesh.devices.size == 1:
+        return data  # `layout_of` places nothing there; asked once a step, so not asked
 
     def place(array: Any) -> Any:
         sharding = layout_of(array, stacked, distribution)
@@ -227,7 +229,7 @@ def joined(outputs: list) -> Any:
 def _kind(batch: Any) -> tuple:
     jax = require_jax()
     leaves, tree = jax.tree_util.tree_flatten(batch)
-    return tree, tuple((tuple(a.shape), str(a.dtype), getattr(a, "sharding", None))
+    return tree, tuple((tuple(a.shape), a.dtype, getattr(a, "sharding", None))
                        for a in leaves)
 
 
