@@ -232,7 +232,7 @@ def _call_steps(model: Any, steps: Any, sources: dict[str, Any],
     state Keras's loop hands back after each execution kept untracked (`handed_state`).
     Yields the call's `Pace` (`result()`: the steps it ran, and why)."""
     pace = Pace(choose=steps.choose, confirm=steps.confirm, unmeasured=steps.unmeasured,
-                kind=steps.kind, memory=record.of(model).measured) \
+                kind=steps.kind, memory=record.of(model).measured, total=steps.call_steps) \
         if hasattr(steps, "choose") else Pace(fixed=steps)
     with handed_state.untracked(model), calls.grouped(model, pace, sources, form):
         yield pace

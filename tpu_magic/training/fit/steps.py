@@ -11,7 +11,11 @@ the same program) and by at least four executions an epoch (so the bar moves and
 rate is measured after the first), by memory (K batches on the device at once), by the
 backend's own bound (a group it runs slower a step) and by a cap; 1 where a step alone
 already outlasts the host's work 19 times over (a language model's step of tens of
-milliseconds). Pure arithmetic: the measurements come from the backend.
+milliseconds). Chosen from a call's first steps (`AsTheyRun`), K above one also pays for
+its group's compile: the host's work it saves over the call's steps still to run, once
+compiled, outweighs the compile's estimated seconds (`paid_for`), so a short fit of long
+steps does not compile a group it would run a few times. Pure arithmetic: the
+measurements come from the backend.
 """
 
 from __future__ import annotations
@@ -118,6 +122,7 @@ class AsTheyRun:
         kind: the call's own steps, the ones timed ("train", "test", "predict").
         unmeasured: the steps of a call that ended before a step was timed.
         k: the first execution's steps (one: the steps to time).
+        call_steps: the call's steps of its kind, every epoch's (None: not known).
     """
 
     epoch_steps: int | None
@@ -128,20 +133,45 @@ class AsTheyRun:
     k: int = 1
     unmeasured: Steps = Steps(1, "one step an execution: the call ended before a step was "
                                  "timed")
+    call_steps: int | None = None
 
     def choose(self, device: float, host: float, bound: tuple[int, str] | None, timed: int,
-               batch_bytes: int) -> Steps:
+               batch_bytes: int, remaining: int | None = None,
+               compile_seconds: Callable[[int], float | None] | None = None) -> Steps:
         """K from `timed` steps' medians: a step's device seconds, the host's an execution
-        (Keras's loop and the callbacks measured with it), the backend's bound on a group."""
+        (Keras's loop and the callbacks measured with it), the backend's bound on a group;
+        kept above one where it pays for its compile (`paid_for`: the call's `remaining`
+        steps, `compile_seconds(K)`)."""
         times = StepTimes(device, max(host - KERAS_LOOP_SECONDS, 0.0), bound)
         found = from_times(times, self.epoch_steps, batch_bytes // max(self.replicas, 1),
                            self.device_bytes, self.divides)
-        return Steps(found.k, found.why.replace("auto: ", f"auto, from the first {timed} "
-                                                         f"step{'s' * (timed != 1)}: ", 1))
+        found = Steps(found.k, found.why.replace("auto: ", f"auto, from the first {timed} "
+                                                          f"step{'s' * (timed != 1)}: ", 1))
+        if found.k <= 1 or remaining is None or compile_seconds is None:
+            return found
+        return paid_for(found, device, host, remaining, compile_seconds(found.k))
 
     @staticmethod
     def confirm(steps: Steps, grouped: float, alone: float) -> Steps:
         return confirmed(steps, grouped, alone)
+
+
+def paid_for(steps: Steps, device: float, host: float, remaining: int,
+             compile_seconds: float | None) -> Steps:
+    """`steps`, where its group saves more than its compile costs: once compiled (the
+    call's steps go on one a dispatch meanwhile, `device + host` seconds each), each of
+    the `remaining` steps saves the host's work of the executions the group merges,
+    `host` × (1 − 1/K); else one step a dispatch, said. `compile_seconds`: None where
+    not known (then `steps` as chosen)."""
+    if steps.k <= 1 or compile_seconds is None or compile_seconds <= 0:
+        return steps
+    grouped = max(remaining - compile_seconds / max(device + host, 1e-9), 0.0)
+    saved = grouped * host * (1 - 1 / steps.k)
+    if saved > compile_seconds:
+        return steps
+    return Steps(1, f"{steps.why}, but its program's compile (about {compile_seconds:.2g} s) "
+                    f"would save less over the call's {remaining} steps still to run (about "
+                    f"{saved:.2g} s of the host's work): one step a dispatch")
 
 
 def from_times(measured: StepTimes, epoch_steps: int | None, batch_bytes: int,

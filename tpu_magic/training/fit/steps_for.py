@@ -48,7 +48,8 @@ def steps_for(connection: Any, model: Any, built: Built, requested: int | None, 
     known = memory is not None and memory.total_gib and memory.total_from != "host"
     device_bytes = memory.total_gib * 2 ** 30 if known else None
     if backend.times_steps_as_they_run:
-        return steps.AsTheyRun(built.epoch_steps, device_bytes, connection.replicas, kind=kind)
+        return steps.AsTheyRun(built.epoch_steps, device_bytes, connection.replicas, kind=kind,
+                               call_steps=_call_steps(built, kind))
     batch = first() if first is not None else None
     batch = batch if batch is not None else first_batch(built, read=True)
 
@@ -66,6 +67,17 @@ def steps_for(connection: Any, model: Any, built: Built, requested: int | None, 
     return steps.chosen(requested, model.steps_per_execution, measure, built.epoch_steps,
                         _bytes(batch) // max(connection.replicas, 1), device_bytes, hooks,
                         divides, confirm)
+
+
+def _call_steps(built: Built, kind: str) -> int | None:
+    """The steps a call runs of its own kind: fit's every epoch's (from `initial_epoch`),
+    an evaluation's or prediction's one pass (None: the epoch's steps not known)."""
+    if not built.epoch_steps:
+        return None
+    if kind != "train":
+        return built.epoch_steps
+    epochs = int(built.call.get("epochs", 1) or 1) - int(built.call.get("initial_epoch", 0) or 0)
+    return built.epoch_steps * max(epochs, 1)
 
 
 def _whole_executions(built: Built) -> int | None:

@@ -3,7 +3,8 @@ the measuring itself is tested with each backend)."""
 
 import pytest
 
-from tpu_magic.training.fit.steps import KERAS_LOOP_SECONDS, MOST, StepTimes, chosen
+from tpu_magic.training.fit.steps import (KERAS_LOOP_SECONDS, MOST, AsTheyRun, Steps, StepTimes,
+                                         chosen, paid_for)
 
 pytestmark = pytest.mark.quick
 
@@ -92,3 +93,38 @@ def test_a_group_measured_slower_a_step_than_one_step_a_dispatch_is_not_run():
     assert steps.k == 114  # faster a step: kept
     steps, _ = choose(device=1e-4, host=4e-4, epoch=None, grouped=None)
     assert steps.k == 114  # not measured: the step's own times decide
+
+
+def test_a_group_that_saves_less_than_its_compile_is_not_compiled():
+    # the tutorials' CNN on 8 simulated devices: 29 ms steps, 15.5 ms of host work an
+    # execution, 125 steps left, a group of 8 unrolled compiling in ~10 s: it would save
+    # ~1.7 s at most, and its compile ran beside the steps until the call ended
+    rule = AsTheyRun(64, None, 8, call_steps=128)
+    kept = rule.choose(0.029, 0.0155, (8, "a bound"), 3, 8 * 128 * 768, remaining=125,
+                       compile_seconds=lambda k: 1.3 * k)
+    assert kept.k == 1 and "would save less over the call's 125 steps" in kept.why
+
+
+def test_a_group_that_pays_for_its_compile_is_kept():
+    # the CPU proxy: 0.04 ms steps, 0.57 ms of host work, 4,093 steps left, a loop
+    # compiling in ~0.4 s: it saves ~2 s
+    rule = AsTheyRun(4096, None, 1, call_steps=4096)
+    kept = rule.choose(4e-5, 5.7e-4, None, 3, 32 * 64 * 4, remaining=4093,
+                       compile_seconds=lambda k: 0.4)
+    assert kept.k > 1 and "compile" not in kept.why
+
+
+def test_a_group_compiled_already_or_of_unknown_cost_is_kept_as_chosen():
+    rule = AsTheyRun(64, None, 8, call_steps=128)
+    for seconds in (0.0, None):
+        kept = rule.choose(0.029, 0.0155, (8, "a bound"), 3, 1024, remaining=10,
+                           compile_seconds=lambda k, s=seconds: s)
+        assert kept.k == 8
+
+
+def test_paid_for_counts_only_the_steps_after_the_compile():
+    # 100 steps left of 1 ms each: a 0.09 s compile leaves 10 steps grouped, saving
+    # 10 x 0.9 ms x 7/8 ~ 0.008 s: not worth it, though 100 steps would save 0.079 s
+    steps = Steps(8, "chosen")
+    assert paid_for(steps, 0.0001, 0.0009, 100, 0.09).k == 1
+    assert paid_for(steps, 0.0001, 0.0009, 1000, 0.09) == steps

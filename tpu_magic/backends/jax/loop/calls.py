@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterator
 
 from tpu_magic.backends.jax import beside
 from tpu_magic.backends.jax.loop import epoch_reads
-from tpu_magic.backends.jax.loop.pace import Pace
+from tpu_magic.backends.jax.loop.pace import Grouping, Pace
 from tpu_magic.backends.jax.loop.programs import Programs, programs_of
 from tpu_magic.backends.jax.loop.reading import Reader, joined, unstacked
 from tpu_magic.core.deps import require_jax
@@ -96,21 +96,18 @@ class Executions:
             if kind == "predict":
                 outputs.append(out if group.single else unstacked(out))
             logs = out
-        first = groups[0]
-
-        def compile_group(k: int) -> Any:
-            return programs.ahead(kind, first, k, state)
-
+        first, steps = groups[0], sum(len(group) for group in groups)
+        pace.ran(kind, steps)
         if pace.choosing:
-            pace.recall(kind, first.signature, programs.bound(first.signature),
-                        _bytes(first) // len(first), compile_group)
-        if pace.times(kind, fresh):
-            dispatched = time.perf_counter()
-            jax.block_until_ready(state)
-            device = time.perf_counter() - dispatched
-            steps = sum(len(group) for group in groups)
-            pace.timed(steps, dispatched - since, device, programs.bound(first.signature),
-                       _bytes(first) // len(first), compile_group)
+            grouping = Grouping(programs.bound(first.signature), _bytes(first) // len(first),
+                                lambda k: programs.ahead(kind, first, k, state),
+                                lambda k: programs.ahead_seconds(kind, first, k))
+            pace.recall(kind, first.signature, grouping)
+            if pace.times(kind, fresh):
+                dispatched = time.perf_counter()
+                jax.block_until_ready(state)
+                device = time.perf_counter() - dispatched
+                pace.timed(steps, dispatched - since, device, grouping)
         self.reader.stage(kind, iterator, pace.k)
         programs.returned(kind, state)
         pace.ended(kind)

@@ -6,7 +6,8 @@ few are timed as they run (each waited for: the device's seconds a step, and the
 seconds an execution around it, Keras's loop and the callbacks included), then K is chosen
 from the least device time and the median host time (`choose`, the arithmetic of
 `training.fit.steps`). Where K is above 1
-the group's program is compiled on a thread of its own while the call goes on one step an
+the group's program is compiled on a thread of its own (where the host's work it saves over
+the call's remaining steps outweighs the compile's estimated seconds: `Grouping`) while the call goes on one step an
 execution; once it is compiled, and at a step of the epoch K divides (every later execution
 then runs that one program), the call runs K steps an execution. Its second group is timed
 too (the first runs a new executable's first call, and is waited for so that the host's
@@ -21,9 +22,23 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 TIMED = 3  # executions timed (after the first, which compiles) before K is chosen
+
+
+@dataclass(frozen=True)
+class Grouping:
+    """What the loop offers for K above one, from the call's first execution: `bound`, the
+    backend's on a group (None: none); `batch_bytes`, one batch's; `compile(K)`, the
+    group's program compiled ahead (`beside.Beside`); `seconds(K)`, that compile's
+    estimated seconds (0: compiled already; None: not known)."""
+
+    bound: Any
+    batch_bytes: int
+    compile: Callable[[int], Any]
+    seconds: Callable[[int], float | None]
 
 
 class Pace:
@@ -34,7 +49,8 @@ class Pace:
         fixed: the steps, where they are known before the call (None: chosen from its
             first steps by `choose`).
         choose: (a step's device seconds, the host's seconds an execution, the backend's
-            bound on a group or None) → the call's `Steps`.
+            bound on a group or None, the steps timed, a batch's bytes, the call's steps
+            still to run or None, the group's compile seconds by K) → the call's `Steps`.
         confirm: (the chosen `Steps`, a grouped step's seconds, a step's seconds alone) →
             the `Steps` the call keeps.
         unmeasured: the `Steps` of a call that ended before its steps were timed.
@@ -42,16 +58,19 @@ class Pace:
             timed.
         memory: times measured by earlier calls, by (kind, batch type), and kept for later
             ones (the model's record).
+        total: the call's steps of its own kind (None: not known).
     """
 
     def __init__(self, fixed: Any = None, choose: Callable[..., Any] | None = None,
                  confirm: Callable[..., Any] | None = None, unmeasured: Any = None,
-                 kind: str = "train", memory: dict | None = None) -> None:
+                 kind: str = "train", memory: dict | None = None,
+                 total: int | None = None) -> None:
         self.steps = fixed
         self.k = fixed.k if fixed is not None else 1
         self.choose, self.confirm, self.kind = choose, confirm, kind
         self.unmeasured = unmeasured
         self.memory = {} if memory is None else memory
+        self.total, self._done = total, 0  # the call's steps of its kind, and those run
         self._key: Any = None  # (kind, batch type) of the steps timed
         self._times: list[tuple[float, float]] = []  # (device, host) of the timed executions
         self._ended_at: float | None = None  # when the last execution returned
@@ -93,12 +112,17 @@ class Pace:
         now = time.perf_counter()
         return now if self._ended_at is None else self._ended_at
 
+    def ran(self, kind: str, steps: int) -> None:
+        """An execution of `steps` steps of `kind` was dispatched (counted before it is
+        timed: the steps still to run are the call's after it)."""
+        if kind == self.kind:
+            self._done += steps
+
     def ended(self, kind: str) -> None:
         self._ended_at = time.perf_counter()
         self._last_kind = kind
 
-    def recall(self, kind: str, signature: Any, bound: Any, batch_bytes: int,
-               compile_group: Callable[[int], Any]) -> None:
+    def recall(self, kind: str, signature: Any, grouping: Grouping) -> None:
         """The first execution of the call's kind ran on a batch of type `signature`: where
         an earlier call timed such steps, K is chosen from those times now."""
         if kind != self.kind or self.steps is not None or self._wanted is not None or \
@@ -107,14 +131,12 @@ class Pace:
         self._key = (kind, signature)
         earlier = self.memory.get(self._key)
         if earlier is not None:
-            self._decide(*earlier, bound, batch_bytes, compile_group)
+            self._decide(*earlier, grouping)
 
-    def timed(self, steps: int, host: float, device: float, bound: Any, batch_bytes: int,
-              compile_group: Callable[[int], Any]) -> None:
+    def timed(self, steps: int, host: float, device: float, grouping: Grouping) -> None:
         """A timed execution of `steps` steps: the host's seconds around it, the device's
-        for its steps (`bound`: the backend's on a group; `batch_bytes`: one batch's). Enough
-        of them choose K (`compile_group(K)` compiles its program ahead); the first group's
-        confirms it or goes back to one step an execution."""
+        for its steps. Enough of them choose K (`grouping` compiles its program ahead); the
+        first group's confirms it or goes back to one step an execution."""
         if self._wanted is not None:  # the chosen group: as fast a step as one alone?
             if self._groups < 2:  # the first: a new executable's first call (waited for, so
                 return  # the host's time before the second is the host's alone)
@@ -133,16 +155,17 @@ class Pace:
                  statistics.median(t[1] for t in self._times), len(self._times))
         if self._key is not None:
             self.memory[self._key] = times
-        self._decide(*times, bound, batch_bytes, compile_group)
+        self._decide(*times, grouping)
 
-    def _decide(self, device_s: float, host_s: float, timed: int, bound: Any,
-                batch_bytes: int, compile_group: Callable[[int], Any]) -> None:
-        chosen = self.choose(device_s, host_s, bound, timed, batch_bytes)
+    def _decide(self, device_s: float, host_s: float, timed: int, grouping: Grouping) -> None:
+        remaining = None if self.total is None else max(self.total - self._done, 0)
+        chosen = self.choose(device_s, host_s, grouping.bound, timed, grouping.batch_bytes,
+                             remaining, grouping.seconds)
         self._alone = device_s + host_s
         if chosen.k <= 1:
             self.steps = chosen
             return
-        self._wanted, self._ahead = chosen, compile_group(chosen.k)
+        self._wanted, self._ahead = chosen, grouping.compile(chosen.k)
 
     def result(self) -> Any:
         """The steps the call ran, and why (the chosen K where its group never ran: the

@@ -10,6 +10,7 @@ later call whose arguments have the same shapes and layouts.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable
 
 from tpu_magic.backends.jax import step_forms
@@ -20,6 +21,9 @@ from tpu_magic.core.deps import require_jax
 from tpu_magic.core.steps import StepForm, state_groups
 
 CPU_UNROLLED = 8  # on the CPU, a group of at most this many steps runs unrolled
+# a group's loop compiles in about this many compiles of its one step (an estimate, for
+# whether grouping pays for its compile: docs/benchmarks.md)
+LOOP_COMPILES = 2
 CONVOLUTION = "stablehlo.convolution"
 
 
@@ -41,6 +45,10 @@ class Programs:
         self.state: tuple | None = None  # the variables its programs take, once one exists
         self._jitted: dict[tuple, Callable[..., Any]] = {}
         self._compiled: dict[tuple, Any] = {}  # the same keys, compiled ahead of the call
+        # (kind, batch shapes) -> the longest compile of its one step, in any form and
+        # layout (the same program asked for again, its batch's layout written another way,
+        # compiles from JAX's own caches in milliseconds)
+        self._seconds: dict[tuple, float] = {}
         self._layouts: dict[str, tuple | None] = {}  # kind -> each state value's layout
         self._last: dict[str, Any] = {}  # kind -> the state its last execution returned
         self.convolves: dict[tuple, bool] = {}  # a train step's batch type -> it convolves
@@ -70,11 +78,22 @@ class Programs:
         key = self._key(kind, group.single, group.length, group.signature)
         if key in self._compiled:
             return False
-        lowered = self.program(kind, group).lower(state, group.data)
+        self._compile(key, kind, group, state, group.data)
+        return True
+
+    def _compile(self, key: tuple, kind: str, group: Group, state: Any, data: Any) -> None:
+        """`group`'s program lowered and compiled now, its seconds kept (what a group of
+        such steps is estimated to cost to compile: `ahead_seconds`), a train step's text
+        read for convolutions."""
+        started = time.perf_counter()
+        lowered = self.program(kind, group).lower(state, data)
         if kind == "train" and group.single:
             self.convolves[group.signature] = CONVOLUTION in lowered.as_text()
         self._compiled[key] = lowered.compile()
-        return True
+        if group.single:
+            seconds = time.perf_counter() - started
+            shapes = (kind, _shapes(group.signature))
+            self._seconds[shapes] = max(seconds, self._seconds.get(shapes, 0.0))
 
     def ahead(self, kind: str, template: Group, length: int, state: Any) -> Beside:
         """The program of a group of `length` batches like `template` (one batch), compiled
@@ -96,6 +115,19 @@ class Programs:
 
         return Beside(self.model, compile_it)
 
+    def ahead_seconds(self, kind: str, template: Group, length: int) -> float | None:
+        """The estimated seconds to compile the program of a group of `length` batches like
+        `template` (0: compiled already; None: its step's compile was not timed here):
+        from its one step's compile, as many of them as the group unrolls steps, or
+        `LOOP_COMPILES` for a loop."""
+        group = _abstract_group(spec(template.data, length), length)
+        if self._key(kind, False, length, group.signature) in self._compiled:
+            return 0.0
+        one = self._seconds.get((kind, _shapes(template.signature)))
+        if one is None:
+            return None
+        return one * (length if _unrolled(length) is True else LOOP_COMPILES)
+
     def abstract_train(self, state: Any, batch: Any, form: StepForm | None = None) -> Any:
         """The train step's program for one batch in `form` (`batch`, `state`: their
         abstract shapes and layouts, `reading.spec`), compiled now: the executable the fit
@@ -106,9 +138,7 @@ class Programs:
         try:
             key = self._key("train", True, 1, group.signature)
             if key not in self._compiled:
-                lowered = self.program("train", group).lower(state, batch)
-                self.convolves[group.signature] = CONVOLUTION in lowered.as_text()
-                self._compiled[key] = lowered.compile()
+                self._compile(key, "train", group, state, batch)
             return self._compiled[key]
         finally:
             self.form = running
@@ -122,7 +152,7 @@ class Programs:
         group = _abstract_group(batch, 1, single=True)
         key = self._key(kind, True, 1, group.signature)
         if key not in self._compiled:
-            self._compiled[key] = self.program(kind, group).lower(state, batch).compile()
+            self._compile(key, kind, group, state, batch)
         return self._compiled[key]
 
     def bound(self, signature: tuple) -> tuple[int, str] | None:
@@ -162,6 +192,11 @@ class Programs:
         if kind not in self._layouts:
             self._layouts[kind] = _layouts(self.model, kind)
         return self._layouts[kind]
+
+
+def _shapes(signature: tuple) -> tuple:
+    """A batch type's shapes and dtypes, without the layouts."""
+    return tuple(entry[:2] for entry in signature)
 
 
 def _abstract_group(data: Any, length: int, single: bool = False) -> Group:

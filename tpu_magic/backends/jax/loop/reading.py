@@ -42,8 +42,11 @@ class Group:
 
 
 def signature(data: Any) -> tuple:
-    """A group's type: each array's shape, dtype and layout (a program is compiled for it)."""
-    return tuple((tuple(a.shape), a.dtype, getattr(a, "sharding", None))
+    """A group's type: each array's shape, dtype and layout (a program is compiled for it).
+    The dtype as JAX takes it (NumPy's int64 labels are int32 to a program without x64:
+    the same program as for int32 ones)."""
+    canonical = require_jax().dtypes.canonicalize_dtype
+    return tuple((tuple(a.shape), canonical(a.dtype), getattr(a, "sharding", None))
                  for a in _leaves(data))
 
 
