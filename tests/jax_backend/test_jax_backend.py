@@ -312,15 +312,21 @@ conv.fit(x.reshape(-1, 8, 8, 1), y, batch_size=128, epochs=2, verbose=0)
 """)
     used = report.utilization
     counted = counted_training_flops(ip.user_ns["conv"])
-    assert used.source == "XLA cost analysis"
-    assert used.flops_per_sample == pytest.approx(counted, rel=0.1)  # XLA adds biases, softmax
+    # the train step's own count, from the executable the memory plan compiled and the fit
+    # ran: XLA adds what the layers' count leaves out (biases, the softmax, the loss, Adam's
+    # update of each weight), 15 % more on a model this small
+    assert used.source == "XLA cost analysis of the train step"
+    assert counted <= used.flops_per_sample <= 1.25 * counted
     assert used.achieved_tflops == pytest.approx(used.flops_per_sample
                                                  * report.samples_per_second / 1e12)
     assert 0 <= used.input_share <= 1 and "drawn on their own after fit" in used.input_how
 
 
-def test_a_later_cell_reuses_the_flops_counted_for_the_same_model(ip, monkeypatch):
-    # XLA's count lowers the model's gradient: once per model and shape, not once a cell
+def test_the_flops_come_from_the_planned_step_and_nothing_is_lowered_to_count_them(
+        ip, monkeypatch):
+    # pay once (issue 57): the count is the cost analysis of the train step the memory plan
+    # compiled and the fit runs, in every cell; the gradient lowered on its own to count
+    # (`training_flops`, a language model's takes long) is not asked
     backend = type(tpu_magic.session().backend)
     own, asked = backend.training_flops, []
     monkeypatch.setattr(backend, "training_flops",
@@ -335,10 +341,11 @@ keras.utils.set_random_seed(4)
 """
     first = train(ip, build.format("counted") + fit.format("counted")).utilization
     again = train(ip, fit.format("counted")).utilization
-    assert asked == ["counted"] and again.flops_per_sample == first.flops_per_sample
-    assert again.source == first.source == "XLA cost analysis"
-    train(ip, build.format("rebuilt") + fit.format("rebuilt"))  # another model: counted
-    assert asked == ["counted", "rebuilt"]
+    assert again.flops_per_sample == first.flops_per_sample
+    assert again.source == first.source == "XLA cost analysis of the train step"
+    rebuilt = train(ip, build.format("rebuilt") + fit.format("rebuilt")).utilization
+    assert rebuilt.flops_per_sample == pytest.approx(first.flops_per_sample)
+    assert asked == []
 
 
 def test_a_later_fit_of_the_same_pipeline_reuses_the_input_measurement_on_jax(ip):

@@ -133,13 +133,14 @@ lm.fit(rows, epochs=1, verbose=0)  # a dataset of the user's own: tokens from it
     assert report.samples_per_second
     assert report.tokens_per_second == pytest.approx(report.samples_per_second * 12)
     # its FLOPs counted by XLA from the batch it is fed (the model leaves the sequence
-    # length open): TFLOP/s in the report, against the measured peak where --check ran
+    # length open; the step the memory plan compiled for it): TFLOP/s in the report,
+    # against the measured peak where --check ran
     used = report.utilization
-    assert used.flops_per_sample and used.source == "XLA cost analysis"
+    assert used.flops_per_sample and used.source == "XLA cost analysis of the train step"
     assert used.achieved_tflops == pytest.approx(
         used.flops_per_sample * report.samples_per_second / 1e12)
-    assert "TFLOP/s" in report.summary() and "MFLOP a sample (XLA cost analysis)" in \
-        report.summary()
+    assert "TFLOP/s" in report.summary() and \
+        "MFLOP a sample (XLA cost analysis of the train step)" in report.summary()
 
 
 def test_syncing_a_model_the_host_cannot_hold_is_refused_before_gathering(ip, monkeypatch):

@@ -132,6 +132,7 @@ class StepMemory:
         compiled_on: the devices the analysis was compiled for ("cpu", "tpu", "gpu").
         flops: the step's FLOPs on one device, from the same executable's cost analysis
             (None: not counted); the memory plan ranks the forms that fit by it.
+        devices: the devices the step runs on (its FLOPs on all: `flops` × `devices`).
     """
 
     weights: int
@@ -141,6 +142,7 @@ class StepMemory:
     outputs: int
     compiled_on: str
     flops: float | None = None
+    devices: int = 1
 
     @property
     def peak(self) -> int:

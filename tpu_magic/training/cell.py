@@ -303,7 +303,8 @@ class TrainingCell:
 
     def _hooks(self, plan: FitPlan, built: Built, given: Any) -> FitHooks:
         """The fit's bar, its checkpoint saver, and (the cell's first fit) the parity check."""
-        progress = progress_for(built, given, self.flops.per_sample(plan.model, plan.first),
+        progress = progress_for(built, given, self.flops.per_sample(plan.model, plan.first,
+                                                                    plan.placement.flops),
                                 self.bar if self.request.progress else None, self.view)
         saver = None if self.checkpoints is None else \
             self.checkpoints.callback(plan.seed, self.connection, plan.resume_from)

@@ -67,7 +67,14 @@ def _step_memory(model: Any, batch: Any, planned: Any, form: StepForm | None,
         batch=max(stats.argument_size_in_bytes - weights - optimizer - on_one(state[3]), 0),
         temporaries=stats.temp_size_in_bytes,
         outputs=max(stats.output_size_in_bytes - stats.alias_size_in_bytes, 0),
-        compiled_on=jax.devices()[0].platform, flops=_flops(compiled))
+        compiled_on=jax.devices()[0].platform, flops=_flops(compiled),
+        devices=_devices(compiled))
+
+
+def _devices(compiled: Any) -> int:
+    """The devices a compiled step runs on (its arguments' layouts name them)."""
+    shardings = require_jax().tree_util.tree_leaves(compiled.input_shardings)
+    return max((len(s.device_set) for s in shardings), default=1)
 
 
 def _flops(compiled: Any) -> float | None:

@@ -45,11 +45,14 @@ def device_bytes(connection: Any, planned: tuple[Chip, int] | None) -> float | N
 class Planned:
     """A fit's plan: its line for the report (None: nothing planned), the step's form, and
     what to say of that form (BatchNormalization by micro-batch, micro-batches a user named
-    where they are not exact)."""
+    where they are not exact); `flops`: a sample's training FLOPs, from the cost analysis
+    of the step as written that the plan compiled (None: not counted), so the report's
+    utilization lowers nothing more."""
 
     line: str | None = None
     form: StepForm = StepForm()
     notes: tuple = ()
+    flops: float | None = None
 
 
 def before_fit(connection: Any, model: Any, batch: Any, planned: tuple[Chip, int] | None,
@@ -70,8 +73,10 @@ def before_fit(connection: Any, model: Any, batch: Any, planned: tuple[Chip, int
     total = device_bytes(connection, planned)
     where = f"per {planned[0].name} device" if planned else "per device"
     notes = _form_notes(backend, model, asked)
+    flops = written.flops * written.devices / _rows(batch) \
+        if written.flops and asked.as_written and _rows(batch) else None
     if total is None or written.peak <= HEADROOM * total:
-        return Planned(line(written, total, where, asked, _rows(batch)), asked, notes)
+        return Planned(line(written, total, where, asked, _rows(batch)), asked, notes, flops)
     if not asked.as_written or getattr(request, "memory", "auto") == "off":
         raise MemoryPlanError(refusal(written, total, where, _changes(
             connection, model, batch, asked)))
@@ -86,7 +91,7 @@ def before_fit(connection: Any, model: Any, batch: Any, planned: tuple[Chip, int
         raise MemoryPlanError(refusal(written, total, where, _changes(
             connection, model, batch, asked), chosen))
     return Planned(fitted_line(written, chosen, total, where, _rows(batch)), chosen.form,
-                   _form_notes(backend, model, chosen.form))
+                   _form_notes(backend, model, chosen.form), flops)
 
 
 def call_batch(connection: Any, model: Any, kind: str, batch: int,

@@ -32,6 +32,8 @@ class Placement:
             lays the model out over model columns).
         form: the train step's form the plan chose (micro-batches, rematerialized blocks;
             `core.steps.StepForm`), and what to say of it (`form_notes`).
+        flops: a sample's training FLOPs, from the plan's compiled step (None: not
+            counted there).
     """
 
     connection: Connection
@@ -40,6 +42,7 @@ class Placement:
     settled: bool = False
     form: StepForm = StepForm()
     form_notes: tuple = ()
+    flops: float | None = None
 
 
 Owners = Callable[[], Iterable[type]]  # the classes whose layout maps lay out a mesh
@@ -97,7 +100,7 @@ def settle(placement: Placement, request: TrainRequest, model: Any,
         found = earlier[key]
         return found if not placement.settled else replace(
             placement, memory_plan=found.memory_plan, form=found.form,
-            form_notes=found.form_notes)
+            form_notes=found.form_notes, flops=found.flops)
     connection = placement.connection
     if not placement.settled:  # --shard auto, at its first fit
         chosen, mesh, line = memory_plan.choose(connection, model, batch, request.plan_for,
@@ -109,7 +112,7 @@ def settle(placement: Placement, request: TrainRequest, model: Any,
     else:
         planned = memory_plan.before_fit(connection, model, batch, request.plan_for, request)
         settled = replace(placement, memory_plan=planned.line, form=planned.form,
-                          form_notes=planned.notes)
+                          form_notes=planned.notes, flops=planned.flops)
     kept.settled = {**earlier, key: settled}
     return settled
 
