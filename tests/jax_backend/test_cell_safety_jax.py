@@ -402,7 +402,10 @@ STEPS = {
     "first-step check: the state before the step": (_backend_method("step_state"), "", False),
     "first-step check: the setup's key": (_training("setup_key"), "", False),
     "memory plan": (_backend_method("step_memory"), " --plan-for v5e-8", False),
-    "FLOPs counting": (_backend_method("training_flops"), "", False),
+    "FLOPs counting": (_training("FlopCounts", "_planned"), "", False),
+    # --shard auto's plan counts no FLOPs: the model's gradient is lowered to count them
+    "FLOPs counting by lowering the gradient": (_backend_method("training_flops"),
+                                                " --shard auto", False),
     "end-of-cell namespace pass": (_backend_method("built_for"), "", False),
     "rewrap of a model built outside the cell": (_backend_method("place"), "", True),
     "the report": (_training("CellRecord", "report"), "", False),

@@ -2,10 +2,14 @@
 once. The memory plan compiles the train step from abstract inputs and the fit runs that
 executable; K is chosen from the steps that train and its group compiled once (on a thread
 of its own); the first-step check's one-device step once. Counted from JAX's own log of
-its compiles (`jax_log_compiles`), by program and argument types."""
+its compiles (`jax_log_compiles`), by program and argument types. And what the choices
+hold on the devices: no copy of the model's state, only the staged batches beside plain
+Keras's step (the peak of live arrays, sampled as the fit runs)."""
 
 import logging
 import re
+import threading
+import time
 
 from support.cells import train
 
@@ -62,3 +66,82 @@ def test_a_fresh_models_first_fit_compiles_each_program_it_runs_once(ip):
     twice = [key for key in set(steps) if steps.count(key) > 1 and key[0] != "train_step"]
     assert not twice, steps
     assert report.execution.k == 1 or "scanned" in names, (report.execution, steps)
+
+
+# a model whose state (weights and Adam's two slots: 3 x 4.2 MB) dwarfs a batch (512 x 512
+# floats, 1 MB): a copy of the state, as K's measurement once made, would show at once
+WIDE = """
+keras.utils.set_random_seed(5)
+wide = keras.Sequential([keras.Input((512,)), keras.layers.Dense(1024, activation="relu"),
+                         keras.layers.Dense(512, activation="relu"), keras.layers.Dense(10)])
+wide.compile(keras.optimizers.Adam(1e-3),
+             keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+history = wide.fit(rows, labels, batch_size=512, epochs=2, verbose=0)
+"""
+ROWS = """
+rows = np.random.RandomState(0).rand(4096, 512).astype("float32")
+labels = np.random.RandomState(1).randint(0, 10, 4096)
+"""
+
+
+class LiveArrays:
+    """The most bytes the devices hold in live JAX arrays above those held when entered,
+    sampled every millisecond on a thread of its own: each device's buffers once (a
+    replicated array's on each device; a view of one of them, as NumPy's reading of an
+    array makes, not again)."""
+
+    def __enter__(self) -> "LiveArrays":
+        import jax
+
+        def live() -> int:
+            held = {}
+            try:
+                for array in jax.live_arrays():
+                    for shard in array.addressable_shards:
+                        data = shard.data
+                        held[shard.device.id, data.unsafe_buffer_pointer()] = data.nbytes
+            except Exception:  # noqa: BLE001 - an array freed while it is read
+                return 0
+            return sum(held.values())
+
+        self.base, self.peak, self._stop = live(), 0, threading.Event()
+
+        def sample() -> None:
+            while not self._stop.is_set():
+                self.peak = max(self.peak, live() - self.base)
+                time.sleep(0.001)
+
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def test_a_fit_holds_plain_keras_state_and_step_and_only_its_staged_batches_beside(ip):
+    from support.same import imports, plainly
+
+    with LiveArrays() as plain:
+        plainly(ROWS, WIDE, data_parallel=True)  # plain Keras over the same 8 devices
+    state = 3 * 4 * (512 * 1024 + 1024 + 1024 * 512 + 512 + 512 * 10 + 10)
+    assert plain.peak > 8 * state, (plain.peak, state)  # the state, on each of 8 devices
+    ip.run_cell(imports() + ROWS)
+    with LiveArrays() as ours:
+        report = train(ip, WIDE, "--no-progress --verify off")
+    k = report.execution.k
+    staged = 2 * k * 512 * (512 + 1) * 4  # the running group's batches and the next's
+    # a second copy of the state (12.6 MB) would not fit under this; batches and the
+    # metrics' scalars do
+    assert ours.peak <= plain.peak + staged + 0.1 * state, (ours.peak, plain.peak, k)
+    # the first-step check (8 devices against one) runs the first steps again on one device
+    # from a copy of the state before them: one copy of the state there, and no more (its
+    # step is given that copy to write its new state in; on the CPU the copy put on the
+    # device is the host copy's own memory, so the step's new state is that one copy)
+    with LiveArrays() as checked:
+        report = train(ip, WIDE)
+    assert "first step the same as on one device" in report.summary(), report.summary()
+    staged = 2 * report.execution.k * 512 * (512 + 1) * 4
+    assert checked.peak <= plain.peak + state + staged + 0.1 * state, \
+        (checked.peak, plain.peak, report.execution.k)

@@ -4,7 +4,9 @@
 The one-device step is traced before the fit's first step and compiled on a thread of its
 own while that step compiles and runs (`one_device_ahead`, `beside`), so the check adds its
 run, not its compile, to the first step; the step run after is that compiled program (kept
-in the model's record)."""
+in the model's record). It holds one copy of the model's state on that device beside the
+model's own: the copy it is given is donated to the step, whose new state takes its place
+(the non-trainable values stay: a frozen layer's are the model's own buffers there)."""
 
 from __future__ import annotations
 
@@ -47,7 +49,7 @@ def one_device_ahead(model: Any, before: StepState, batches: list) -> None:
     distribution = keras.distribution.distribution()
     keras.distribution.set_distribution(None)
     try:
-        lowered = _reference_step(model).program.lower(state, batch)
+        lowered = _reference_step(model).program.lower(*state, batch)
     finally:
         keras.distribution.set_distribution(distribution)
     _reference_step(model).compile_ahead(model, lowered)
@@ -57,7 +59,12 @@ class _Reference:
     """The check's one-device step for one model: jitted once, compiled ahead where asked."""
 
     def __init__(self, model: Any) -> None:
-        self.program = require_jax().jit(model.train_step)
+        def train_step(trainable: Any, fixed: Any, slots: Any, metrics: Any, batch: Any
+                       ) -> Any:
+            return model.train_step((trainable, fixed, slots, metrics), batch)
+
+        # the trainable values, the optimizer's and the metrics' are the check's own copies
+        self.program = require_jax().jit(train_step, donate_argnums=(0, 2, 3))
         self._ahead: Beside | None = None
 
     def compile_ahead(self, model: Any, lowered: Any) -> None:
@@ -97,7 +104,7 @@ def one_device_steps(model: Any, before: StepState, batches: list) -> tuple[dict
         step = _reference_step(model).ready()
         logs: Any = {}
         for batch in batches:
-            logs, state = step(state, jax.device_put(batch, device))
+            logs, state = step(*state, jax.device_put(batch, device))
     finally:
         keras.distribution.set_distribution(distribution)
     after = StepState(*(tuple(None if h is None else host_copy(a)

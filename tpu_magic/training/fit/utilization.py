@@ -216,22 +216,29 @@ class FlopCounts:
         batch the model is fed (the sizes its inputs leave open: a sequence's length), read
         only for a backend that counts from one; `planned`: the count from the cost
         analysis of the train step the memory plan compiled (then nothing is lowered to
-        count), kept where the layers' count does not show it short (XLA counts a loop's
-        body once: a recurrent layer's scan)."""
+        count, `_planned`)."""
         batch = first() if self.backend.flops_from_batch else None
         key = flops_key(model, batch)
-        if key not in self.found and planned:
-            counted = counted_training_flops(model)
-            if not (counted and planned < 0.5 * counted):
-                self.found[key] = (planned, "XLA cost analysis of the train step")
         if key not in self.found:
             try:
-                self.found[key] = self.backend.training_flops(model, batch)
+                self.found[key] = self._planned(model, planned) or \
+                    self.backend.training_flops(model, batch)
             except Exception as exc:  # noqa: BLE001 - counting adds a note, never an error
                 self.note(f"the FLOPs of a sample could not be counted ({type(exc).__name__}: "
                           f"{exc}), so the report has no TFLOP/s")
                 self.found[key] = None
         return self.found[key]
+
+    @staticmethod
+    def _planned(model: Any, planned: float | None) -> tuple[float, str] | None:
+        """The plan's count, where the layers' count does not show it short (XLA counts a
+        loop's body once: a recurrent layer's scan); None: not planned, or short."""
+        if not planned:
+            return None
+        counted = counted_training_flops(model)
+        if counted and planned < 0.5 * counted:
+            return None
+        return planned, "XLA cost analysis of the train step"
 
     def per_sample(self, model: Any, first: Callable[[], Any] = lambda: None,
                    planned: float | None = None) -> float | None:
