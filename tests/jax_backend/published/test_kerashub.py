@@ -344,3 +344,39 @@ logits = large_model.predict({k: v[:5] for k, v in features.items()}, verbose=0)
         same_values(plain, ours, "logits")
     finally:
         run_cell(ip, "keras.distribution.set_distribution(None)")
+
+
+# The Gemma LoRA guide ("Fine-tune Gemma models in Keras using LoRA", as run on Kaggle's and
+# Colab's TPUs), tried as a new user would where its step does not fit a chip (issue 58):
+# enable_lora(rank=4), AdamW at 5e-5 with a weight decay of 0.01 that leaves out biases and
+# scales, a from-logits loss and a weighted SparseCategoricalAccuracy; here fed token ids
+# (no downloads), 37 sequences in batches of 16 (the last of 5), a third of them padded.
+# The chip is rehearsed with a device-memory limit under the data-parallel step's plan: the
+# magic plans micro-batches and trains; plain Keras runs the full batch with no limit.
+LORA_GUIDE = """
+backbone = keras_hub.models.GemmaBackbone(
+    vocabulary_size=VOCAB, num_layers=2, num_query_heads=2, num_key_value_heads=1,
+    hidden_dim=32, intermediate_dim=64, head_dim=16)
+gemma_lm = keras_hub.models.GemmaCausalLM(backbone=backbone, preprocessor=None)
+gemma_lm.backbone.enable_lora(rank=4)
+optimizer = keras.optimizers.AdamW(learning_rate=5e-5, weight_decay=0.01)
+optimizer.exclude_from_weight_decay(var_names=["bias", "scale"])
+gemma_lm.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                 optimizer=optimizer, weighted_metrics=[keras.metrics.SparseCategoricalAccuracy()])
+history = gemma_lm.fit(features, labels, batch_size=16, epochs=2, verbose=0)
+"""
+
+
+def test_the_gemma_lora_guide_where_its_step_does_not_fit_a_chip(ip, monkeypatch):
+    from support.cells import train
+    from support.same import imports, same_weights
+
+    run_cell(ip, imports() + TOKENS)
+    written = train(ip, LORA_GUIDE)
+    planned = float(written.memory_plan.split("memory plan: ")[1].split()[0])
+    monkeypatch.setenv("TPU_MAGIC_DEVICE_MEMORY_BYTES", str(int(0.8 * planned * 2**30)))
+    plain, ours, report = both(ip, TOKENS, LORA_GUIDE)
+    assert "micro-batches" in report.memory_plan and "is more than 90 %" in \
+        report.memory_plan, report.memory_plan
+    same_history(plain, ours)
+    same_weights(plain, ours, "gemma_lm", atol=1e-6)
