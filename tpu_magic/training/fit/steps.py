@@ -11,8 +11,10 @@ the same program) and by at least four executions an epoch (so the bar moves and
 rate is measured after the first), by memory (K batches on the device at once), by the
 backend's own bound (a group it runs slower a step) and by a cap; 1 where a step alone
 already outlasts the host's work 19 times over (a language model's step of tens of
-milliseconds). Chosen from a call's first steps (`AsTheyRun`), K above one also pays for
-its group's compile: the host's work it saves over the call's steps still to run, once
+milliseconds). Chosen from a call's first steps (`AsTheyRun`), the K wanted is rounded up
+to a power of two before it is bounded (timings a little apart choose the same K, so a
+later cell runs the group an earlier one compiled), and K above one also pays for its
+group's compile: the host's work it saves over the call's steps still to run, once
 compiled, outweighs the compile's estimated seconds (`paid_for`), so a short fit of long
 steps does not compile a group it would run a few times. Pure arithmetic: the
 measurements come from the backend.
@@ -144,7 +146,7 @@ class AsTheyRun:
         steps, `compile_seconds(K)`)."""
         times = StepTimes(device, max(host - KERAS_LOOP_SECONDS, 0.0), bound)
         found = from_times(times, self.epoch_steps, batch_bytes // max(self.replicas, 1),
-                           self.device_bytes, self.divides)
+                           self.device_bytes, self.divides, steady=True)
         found = Steps(found.k, found.why.replace("auto: ", f"auto, from the first {timed} "
                                                           f"step{'s' * (timed != 1)}: ", 1))
         if found.k <= 1 or remaining is None or compile_seconds is None:
@@ -175,12 +177,18 @@ def paid_for(steps: Steps, device: float, host: float, remaining: int,
 
 
 def from_times(measured: StepTimes, epoch_steps: int | None, batch_bytes: int,
-               device_bytes: float | None, divides: int | None = None) -> Steps:
+               device_bytes: float | None, divides: int | None = None,
+               steady: bool = False) -> Steps:
     """K from a step's times: the smallest for which the host's work an execution is at
-    most `HOST_SHARE` of its device time, bounded (see the module's docstring)."""
+    most `HOST_SHARE` of its device time, bounded (see the module's docstring). `steady`:
+    that K rounded up to a power of two before it is bounded, so that timings a few
+    percent apart (a first step's, timed beside other work) choose the same K, and a later
+    cell's group is the program an earlier one compiled (JAX's caches key it by K)."""
     host = measured.host + KERAS_LOOP_SECONDS
     device = max(measured.device, 1e-7)
     wanted = math.ceil(host * (1 - HOST_SHARE) / HOST_SHARE / device)
+    if steady and wanted > 1:
+        wanted = 2 ** math.ceil(math.log2(wanted))
     said = (f"a step takes {_ms(device)} on the device and the host {_ms(host)} an "
             f"execution")
     if wanted <= 1:

@@ -128,3 +128,11 @@ def test_paid_for_counts_only_the_steps_after_the_compile():
     steps = Steps(8, "chosen")
     assert paid_for(steps, 0.0001, 0.0009, 100, 0.09).k == 1
     assert paid_for(steps, 0.0001, 0.0009, 1000, 0.09) == steps
+
+
+@pytest.mark.parametrize("host", [1.67e-3, 1.88e-3, 2.21e-3])
+def test_timings_a_little_apart_choose_the_same_k_from_the_first_steps(host):
+    # the README's MLP on 8 simulated devices, three cells: 9, 12 and 13 steps wanted,
+    # each a group compiled again; rounded up to 16, then the epoch's divisor below it
+    rule = AsTheyRun(468, None, 8)
+    assert rule.choose(3e-3, host, None, 3, 128 * 784 * 4).k == 13
