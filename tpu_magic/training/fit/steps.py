@@ -125,6 +125,9 @@ class AsTheyRun:
         unmeasured: the steps of a call that ended before a step was timed.
         k: the first execution's steps (one: the steps to time).
         call_steps: the call's steps of its kind, every epoch's (None: not known).
+        compile_competes: a group's compile beside the steps takes the steps' own cores
+            (devices on the host's CPU, a simulated TPU's): it costs its seconds. On a TPU
+            or GPU the host's spare cores compile it; it need only be ready in time.
     """
 
     epoch_steps: int | None
@@ -136,6 +139,7 @@ class AsTheyRun:
     unmeasured: Steps = Steps(1, "one step an execution: the call ended before a step was "
                                  "timed")
     call_steps: int | None = None
+    compile_competes: bool = True
 
     def choose(self, device: float, host: float, bound: tuple[int, str] | None, timed: int,
                batch_bytes: int, remaining: int | None = None,
@@ -151,7 +155,8 @@ class AsTheyRun:
                                                           f"step{'s' * (timed != 1)}: ", 1))
         if found.k <= 1 or remaining is None or compile_seconds is None:
             return found
-        return paid_for(found, device, host, remaining, compile_seconds(found.k))
+        return paid_for(found, device, host, remaining, compile_seconds(found.k),
+                        self.compile_competes)
 
     @staticmethod
     def confirm(steps: Steps, grouped: float, alone: float) -> Steps:
@@ -159,18 +164,25 @@ class AsTheyRun:
 
 
 def paid_for(steps: Steps, device: float, host: float, remaining: int,
-             compile_seconds: float | None) -> Steps:
+             compile_seconds: float | None, competes: bool = True) -> Steps:
     """`steps`, where its group saves more than its compile costs: once compiled (the
     call's steps go on one a dispatch meanwhile, `device + host` seconds each), each of
     the `remaining` steps saves the host's work of the executions the group merges,
-    `host` × (1 − 1/K); else one step a dispatch, said. `compile_seconds`: None where
-    not known (then `steps` as chosen)."""
+    `host` × (1 − 1/K); else one step a dispatch, said. The compile costs its seconds
+    where it `competes` with the steps for their cores (devices on the host's CPU); else
+    nothing, where it is ready before the call's steps end (a call waits for a compile
+    still running at its end). `compile_seconds`: None where not known (then `steps` as
+    chosen)."""
     if steps.k <= 1 or compile_seconds is None or compile_seconds <= 0:
         return steps
     grouped = max(remaining - compile_seconds / max(device + host, 1e-9), 0.0)
     saved = grouped * host * (1 - 1 / steps.k)
-    if saved > compile_seconds:
+    if competes and saved > compile_seconds or not competes and grouped > 0:
         return steps
+    if not competes:
+        return Steps(1, f"{steps.why}, but its program's compile (about "
+                        f"{compile_seconds:.2g} s) would not be ready before the call's "
+                        f"{remaining} steps still to run end: one step a dispatch")
     return Steps(1, f"{steps.why}, but its program's compile (about {compile_seconds:.2g} s) "
                     f"would save less over the call's {remaining} steps still to run (about "
                     f"{saved:.2g} s of the host's work): one step a dispatch")

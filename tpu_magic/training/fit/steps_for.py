@@ -49,7 +49,8 @@ def steps_for(connection: Any, model: Any, built: Built, requested: int | None, 
     device_bytes = memory.total_gib * 2 ** 30 if known else None
     if backend.times_steps_as_they_run:
         return steps.AsTheyRun(built.epoch_steps, device_bytes, connection.replicas, kind=kind,
-                               call_steps=_call_steps(built, kind))
+                               call_steps=_call_steps(built, kind),
+                               compile_competes=connection.kind == "cpu" or connection.simulated)
     batch = first() if first is not None else None
     batch = batch if batch is not None else first_batch(built, read=True)
 

@@ -136,3 +136,15 @@ def test_timings_a_little_apart_choose_the_same_k_from_the_first_steps(host):
     # each a group compiled again; rounded up to 16, then the epoch's divisor below it
     rule = AsTheyRun(468, None, 8)
     assert rule.choose(3e-3, host, None, 3, 128 * 784 * 4).k == 13
+
+
+def test_on_a_chip_a_group_compiled_by_the_hosts_spare_cores_need_only_be_ready_in_time():
+    # the same CNN's numbers on a TPU or GPU: the compile costs the steps nothing, so the
+    # group runs where it is ready before the call's steps end, and not where it is not
+    on_a_chip = AsTheyRun(64, None, 8, call_steps=128, compile_competes=False)
+    kept = on_a_chip.choose(0.029, 0.0155, None, 3, 1024, remaining=125,
+                            compile_seconds=lambda k: 2.0)
+    assert kept.k > 1 and "compile" not in kept.why
+    late = on_a_chip.choose(0.029, 0.0155, None, 3, 1024, remaining=125,
+                            compile_seconds=lambda k: 11.0)
+    assert late.k == 1 and "would not be ready before the call's 125 steps" in late.why
