@@ -114,6 +114,16 @@ def test_the_seed_cnn_on_two_hosts_equals_one_process_of_eight_devices(ip, hosts
                for text in tpu_magic.hosts_outputs().values())
 
 
+def test_each_host_runs_the_same_steps_an_execution(ip, hosts):
+    # each host would time its own steps: K chosen alone could differ between them, and
+    # hosts running different programs abort in their collectives (gloo: "Received data
+    # size doesn't match expected size", a host lost mid-suite)
+    report = train(ip, CNN + "history = cnn.fit(images[:512], y[:512], batch_size=8, "
+                             "epochs=1, verbose=0)")
+    assert report.execution.k == 1 and "on several hosts" in report.execution.why, \
+        report.execution
+
+
 def test_an_error_on_a_cell_line_names_the_line_and_the_hosts_once(ip, hosts):
     cell = "scale = 2\nlimit = scale * 3\nmissing = undefined_here + limit\n"
     with pytest.raises(UsageError) as raised:

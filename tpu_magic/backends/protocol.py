@@ -141,6 +141,10 @@ class Backend(Protocol):
     def steps_per_execution_note(self, connection: "Connection", steps: int) -> str | None:
         """Why `steps` per execution cannot run on this connection, or None where it can."""
 
+    def auto_steps_note(self) -> str | None:
+        """Why K cannot be chosen by this process alone (several processes, each timing its
+        own steps, must run the same programs), or None where it can."""
+
     def step_times(self, model: Any, kind: str, batch: Any) -> "tuple | None":
         """One `kind` ("train", "test", "predict") step of the model on `batch` (one batch,
         NumPy), measured without changing the model: its device seconds, the host's

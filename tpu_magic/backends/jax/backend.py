@@ -95,6 +95,15 @@ class JaxBackend(Named):
     def steps_per_execution_note(self, connection: Connection, steps: int) -> str | None:
         return None
 
+    def auto_steps_note(self) -> str | None:
+        # each host would choose K from its own steps' times, and hosts running different
+        # programs mismatch their collectives (gloo aborted a host: "Received data size
+        # doesn't match expected size")
+        if require_jax().process_count() > 1:
+            return ("one step an execution: on several hosts each would choose its own from "
+                    "its own steps' times, and every host must run the same programs")
+        return None
+
     def jit_compile_note(self, connection: Connection, model: Any) -> str | None:
         return None  # JAX compiles every step with XLA anyway
 

@@ -88,6 +88,9 @@ class TensorFlowBackend(Named):
                     "an execution here; on a TPU or one device more apply")
         return None
 
+    def auto_steps_note(self) -> str | None:
+        return None  # one process (tpu_magic's several hosts run JAX)
+
     def step_times(self, model: Any, kind: str, batch: Any) -> tuple[float, float] | None:
         return executions.measured(model, kind, batch)
 

@@ -44,6 +44,9 @@ def steps_for(connection: Any, model: Any, built: Built, requested: int | None, 
         # a group of steps is one XLA program; TensorFlow's tf.function runs K without XLA
         return steps.Steps(1, "one step an execution: the model's steps run without XLA "
                               "(jit_compile=False)")
+    several = backend.auto_steps_note()
+    if several:
+        return steps.Steps(1, several)
     memory = backend.device_view(connection, {}).memory
     known = memory is not None and memory.total_gib and memory.total_from != "host"
     device_bytes = memory.total_gib * 2 ** 30 if known else None
