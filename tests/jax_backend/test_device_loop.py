@@ -41,14 +41,20 @@ def test_k_steps_a_dispatch_equal_one_step_a_dispatch(ip, placement):
 
 def test_auto_groups_a_small_models_steps_says_why_and_a_later_cell_compiles_nothing(ip):
     ip.run_cell(SETUP + "x = np.concatenate([x] * 8); y = np.concatenate([y] * 8)")
-    # three epochs of 1,000 small steps: the first steps run one a dispatch while the group
-    # compiles, and the group saves more of the host's work than its compile costs
-    first = train(ip, MODEL + "model.fit(x, y, batch_size=8, epochs=3, verbose=0)")
+    # six epochs of 1,000 small steps: the first steps run one a dispatch while the group
+    # compiles, and the group saves more of the host's work than its compile costs (on a
+    # busy machine the step compiled in 1.7 s, its group estimated at 3.4 s: three epochs
+    # would save 1.7 s, and kept one step a dispatch)
+    first = train(ip, MODEL + "model.fit(x, y, batch_size=8, epochs=6, verbose=0)")
     assert first.execution.k > 1 and first.execution.why.startswith(
         "auto, from the first 3 steps: a step takes "), first.execution.why
     assert f"steps per execution: {first.execution.k} (auto" in first.summary()
     again = train(ip, "model.fit(x, y, batch_size=8, epochs=1, verbose=0)")
-    assert again.execution == first.execution  # timed once: the same K, the same programs
+    # timed once: the same K, the same programs (its group timed again as it runs, and
+    # on a busy machine it may lose to single steps: said)
+    assert again.execution == first.execution or \
+        "but that group measured" in again.execution.why or \
+        "ended before its group" in again.execution.why, again.execution
     assert again.xla_compile is None or again.xla_compile.describe() is None, \
         again.xla_compile.describe()
     assert again.samples_per_second  # several executions: a steady rate after the first
