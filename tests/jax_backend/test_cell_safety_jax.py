@@ -356,7 +356,7 @@ def test_a_reloaded_model_predicts_what_the_trained_one_does_to_rtol_1e_7(ip, tm
 
 # A seeded notebook builds the same weights every run: neither the first-step check (its
 # one-device copy) nor placing a model made in an earlier cell may draw from Keras's global
-# random state (on TensorFlow both did: tests/test_cell_safety.py).
+# random state (on TensorFlow both did: tests/training/test_cell_safety.py).
 def test_layers_built_after_the_check_and_a_placed_model_start_as_in_plain_keras(ip):
     setup = ROWS + DENSE.replace("model =", "base =").replace("model.", "base.")
     first = ("base.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)\n"

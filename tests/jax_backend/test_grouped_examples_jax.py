@@ -7,7 +7,7 @@ through `%%tpu_train --steps-per-execution 4` (steps in groups, whatever the mod
 and through `%%tpu_train` with K chosen, from the same seed. The histories, the weights, the
 data a later cell draws, its predictions and the notebook's random state must be plain
 Keras's within the suite's tolerance (the replicas sum in another order). One device, to
-1e-5: tests/test_grouped_examples_one_device.py.
+1e-5: tests/training/published/test_grouped_examples_one_device.py.
 """
 
 import pytest

@@ -15,3 +15,8 @@ tests/jax_backend/conftest.py puts it there for its own process, and the `*_run.
 put it there themselves (the folder above their own). Nothing here imports TensorFlow or Keras at import time: the JAX
 suite imports it before `%tpu_connect` has chosen Keras's backend.
 """
+
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent.parent  # tests/, whichever folder a test file is in
+RUNS = TESTS / "support"  # the helper processes (`*_run.py`)

@@ -15,3 +15,10 @@ IMAGES = ('images = np.repeat(np.repeat(digits.images[..., None] / 16.0, 2, 1), 
 
 # the TensorFlow suite's data cell (tests/conftest.py's `digits` fixture)
 SETUP = "\nimport numpy as np, keras, tensorflow as tf" + DIGITS
+
+# 256 random rows of 32 features and a float target (unseeded: both ways draw after the
+# same seed), the published patterns' regression data
+REGRESSION_DATA = """
+x = np.random.random((256, 32)).astype("float32")
+y = np.random.random((256, 1)).astype("float32")
+"""

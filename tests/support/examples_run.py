@@ -1,6 +1,6 @@
 """The grouped examples (`support.grouped_examples`) beside plain Keras on one JAX device, in a
 process of its own (a process connects once, and the JAX suite's has 8 devices), for
-tests/test_grouped_examples_one_device.py.
+tests/training/published/test_grouped_examples_one_device.py.
 
     python examples_run.py [--auto] [NAME ...]
 

@@ -1,6 +1,6 @@
 """What each step trains on, and the random state a fit leaves, beside plain Keras, in a JAX
 process of its own where TensorFlow can be imported (Kaggle's image: JAX with
-tensorflow-cpu), for tests/test_reads_as_plain_keras.py.
+tensorflow-cpu), for tests/training/inputs/test_reads_as_plain_keras.py.
 
     python reads_run.py DEVICES
 

@@ -4,8 +4,8 @@ A cell runs twice from the same seed: plainly, in a namespace of its own (one de
 tpu_magic, the same Keras backend as the process), and through `%%tpu_train` in the test
 shell. The helpers here compare what the two runs left behind; `cpu_copy` and
 `evaluate_equals_cpu_copy` compare a trained model with its copy outside every strategy.
-Backend-agnostic: the TF suite (test_published.py, test_published_patterns.py, test_train.py) and the
-JAX suite (tests/jax_backend) both use them.
+Backend-agnostic: the TF suite (tests/training/published/, tests/training/test_train.py) and
+the JAX suite (tests/jax_backend) both use them.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The step-form comparisons on one JAX device, in a process of its own (the JAX suite's
-has 8), for tests/test_step_forms_one_device.py.
+has 8), for tests/training/fit/test_step_forms_one_device.py.
 
     python step_forms_run.py
 

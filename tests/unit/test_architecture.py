@@ -322,3 +322,20 @@ def test_the_unit_tests_folders_mirror_the_package():
                and p.name != "__pycache__"}
     assert folders and {str(f) for f in folders if not (PACKAGE / f).is_dir()} == set()
 
+
+# tests/: the unit suite, the JAX process's suite, what the suites share, the import blocker
+OWN_FOLDERS = {"unit", "jax_backend", "support", "without_tensorflow", "artifacts"}
+DRIVERS = {"conftest.py", "test_unit.py", "test_jax.py"}  # start the other processes' suites
+
+
+def test_the_end_to_end_tests_folders_mirror_the_package():
+    # a behaviour's end-to-end tests (TensorFlow's process) sit in the folder of the layer
+    # that owns it (tests/training/checkpoints/ for tpu_magic/training/checkpoints/); a
+    # `published/` folder holds published code run beside plain Keras
+    tests = Path(__file__).parent.parent
+    folders = {p.relative_to(tests) for p in tests.rglob("*") if p.is_dir()
+               and p.name != "__pycache__" and p.relative_to(tests).parts[0] not in OWN_FOLDERS}
+    assert folders and {str(f) for f in folders
+                        if not (PACKAGE / f).is_dir() and f.name != "published"} == set()
+    assert {p.name for p in tests.glob("*.py")} == DRIVERS
+

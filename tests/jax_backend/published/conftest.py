@@ -6,7 +6,7 @@ its path in keras-team/keras-io (or keras-team/keras-hub) in a comment above it.
 written here in our own words with the example's layers, compile and fit arguments, on small
 synthetic data of the example's shapes instead of its download (no network), with sample
 counts that 8 does not divide. None of these examples is used by the other published-code
-suites (tests/test_published.py, tests/test_published_patterns.py).
+suites (tests/training/published/test_published.py, tests/training/published/test_published_patterns.py).
 
 Every cell runs twice from the same seed (`support.same.both`): plainly, with Keras on JAX on
 one device and no tpu_magic, and through `%%tpu_train` over 8 simulated devices

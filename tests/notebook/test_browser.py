@@ -24,13 +24,14 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from support import TESTS
 from support.cells import DENSE_MODEL
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                  "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
-ARTIFACTS = Path(__file__).parent / "artifacts"
+ARTIFACTS = TESTS / "artifacts"
 PARAMETERS = 64 * 32 + 32 + 32 * 10 + 10  # the notebook's model, DENSE_MODEL
 
 CELLS = [

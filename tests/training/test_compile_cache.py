@@ -6,9 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from support import TESTS
 from support.jax_process import blocked_env, require_jax
 
-HERE = Path(__file__).parent
+HERE = TESTS
 
 
 def _run(out: Path, cache: Path) -> dict:

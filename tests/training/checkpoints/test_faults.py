@@ -5,15 +5,15 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
+from support import RUNS
 from support.cells import ADAM, SIX_EPOCHS, train
 
 from tpu_magic.training.checkpoints.one_file import read_checkpoint
 
-RUN = Path(__file__).parent / "support" / "checkpoint_run.py"
+RUN = RUNS / "checkpoint_run.py"
 
 
 def run(*args, timeout=300):

@@ -1,11 +1,11 @@
 """The README's opening example, run as written (offline: no download in tests)."""
 
 import re
-from pathlib import Path
 
 import pytest
+from support import TESTS
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = TESTS.parent / "README.md"
 
 
 def opening_blocks():

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
+from support import TESTS
 from support.jax_process import blocked_env, require_jax
 
-HERE = Path(__file__).parent
+HERE = TESTS
 
 
 def _run(way: str, tmp_path: Path) -> dict:

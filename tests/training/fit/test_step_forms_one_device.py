@@ -6,13 +6,13 @@ tests/jax_backend/test_step_forms_jax.py."""
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from support import TESTS
 from support.jax_process import blocked_env, require_jax
 
-HERE = Path(__file__).parent
+HERE = TESTS
 
 
 @pytest.mark.timeout(600)

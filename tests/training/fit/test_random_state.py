@@ -4,7 +4,7 @@ and TensorFlow's global seed and op-seed counter, after a fit of every input kin
 or not, beside the same cell in plain Keras with the same seed, on 8 replicas and on one.
 (Plain Keras's own shuffle on TensorFlow draws from graph-level seeds, none of these; the
 magic's own order is seeded from NumPy's state without drawing from it.) The JAX side is
-tests/jax_backend/test_random_state_jax.py and tests/test_reads_as_plain_keras.py."""
+tests/jax_backend/test_random_state_jax.py and tests/training/inputs/test_reads_as_plain_keras.py."""
 
 import numpy as np
 import pytest

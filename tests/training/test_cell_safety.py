@@ -450,7 +450,7 @@ def test_a_reloaded_model_predicts_what_the_trained_one_does_to_rtol_1e_7(sim8, 
 # A seeded notebook builds the same weights every run; a step the magic adds that draws from
 # Keras's global random state makes every layer built after it start elsewhere than in plain
 # Keras (found with guides/functional_api.py's ensemble and guides/transfer_learning.py's
-# base model, tests/test_published_sessions.py).
+# base model, tests/training/published/test_published_sessions.py).
 NEXT_MODEL = """
 inputs = keras.Input(shape=(8,))
 head = keras.layers.Dense(3)

@@ -111,7 +111,7 @@ def test_a_loss_over_the_batchs_sum_trains_as_plain_keras(sim8, capsys):
 
 
 # keras-io examples/vision/supervised-contrastive-learning.py's loss, small: each row's
-# negatives are the rest of the batch (the same class as tests/test_parity.py's).
+# negatives are the rest of the batch (the same class as tests/training/parity/test_parity.py's).
 CONTRASTIVE = """
 rs = np.random.RandomState(3)
 x = rs.rand(256, 8).astype("float32")

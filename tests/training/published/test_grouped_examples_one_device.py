@@ -11,14 +11,14 @@ TPU image. The same examples on 8 devices: tests/jax_backend/test_grouped_exampl
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from support import TESTS
 from support.grouped_examples import EXAMPLES
 from support.jax_process import blocked_env, require_jax
 
-HERE = Path(__file__).parent
+HERE = TESTS
 GROUPED = "--steps-per-execution 4"
 
 

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from support import RUNS
 from support.jax_process import blocked_env, require_jax
 
-SESSION = Path(__file__).parent / "support" / "session_run.py"
+SESSION = RUNS / "session_run.py"
 
 
 @pytest.fixture

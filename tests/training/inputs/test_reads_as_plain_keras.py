@@ -11,13 +11,13 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from support import TESTS
 from support.jax_process import require_jax
 
-HERE = Path(__file__).parent
+HERE = TESTS
 
 
 @pytest.mark.timeout(600)

@@ -14,9 +14,10 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from support import TESTS
 from support.jax_process import blocked_env, require_jax
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = TESTS.parent
 MARK = "TPU_MAGIC_TEST_RUN"
 
 COUNT_ENGINES = f"""import os
