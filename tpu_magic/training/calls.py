@@ -41,7 +41,8 @@ class Calls:
             Keras's code: where `evaluate`'s left-out samples are evaluated).
         requested: `--steps-per-execution` (None: auto: `fit.steps_for.steps_for`).
         batch: `--batch-size`'s plan (None: each call's own batch).
-        prepare: puts the cell's settings on a model before its call (`models.setup`).
+        prepare: puts the cell's settings on a model before its call (`models.setup`),
+            returning their notes.
     """
 
     inputs: Inputs
@@ -49,7 +50,7 @@ class Calls:
     one_device_copy: Callable[[Any], Callable[[], Any]]
     requested: int | None = None  # --steps-per-execution (None: auto)
     batch: BatchPlan | None = None  # --batch-size's plan
-    prepare: Callable[[Any], None] = lambda model: None  # the model's settings (`models.setup`)
+    prepare: Callable[[Any], list] = lambda model: []  # the model's settings (`models.setup`)
 
     def plan(self, method: str, model: Any, call: Mapping[str, Any], named: set) -> BatchPlan:
         """The call's batch, checked (`planning.plan_call`), its advice said; then the
@@ -59,7 +60,8 @@ class Calls:
                                   self.batch, label=self.inputs.name(model))
         for warning in plan.warnings:
             self.inputs.note(warning, "warning: ")
-        self.prepare(model)
+        for note in self.prepare(model):
+            self.inputs.note(note)
         return self._fitting(method, model, call, plan)
 
     def _fitting(self, method: str, model: Any, call: Mapping[str, Any],

@@ -15,7 +15,7 @@ import functools
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Mapping, MutableMapping
+from typing import Any, Callable, ContextManager, Iterable, Mapping, MutableMapping
 
 import keras
 
@@ -234,11 +234,12 @@ class TrainingCell:
         """A distribution the user's own code put in force wins over tpu_magic's, said once."""
         found = placement.users(self.placement)
         if found is not None:
-            self._placed(found[0])
-            self._note(found[1])
+            self._placed(found[0], [(found[1], "note: ")])
 
-    def _placed(self, settled: placement.Placement) -> None:
-        """The cell trains on `settled` from now on (its later inputs are built for it)."""
+    def _placed(self, settled: placement.Placement, notes: Iterable[tuple[str, str]]) -> None:
+        """The cell trains on `settled` from now on (its later inputs built for it)."""
+        for text, prefix in notes:
+            self._note(text, prefix)
         self.placement = settled
         self.record.strategy = settled.connection.strategy_name
         self.record.replicas = settled.connection.replicas
@@ -250,10 +251,9 @@ class TrainingCell:
             self.record.notes.append(text)
             self.say(prefix + text)
 
-    def _prepare(self, model: Any) -> None:
-        for note in prepare(model, self.connection, self.request.steps_per_execution,
-                            self.request.precision, self._label(model)):
-            self._note(note)
+    def _prepare(self, model: Any) -> list[str]:  # the request's settings on it; their notes
+        return prepare(model, self.connection, self.request.steps_per_execution,
+                       self.request.precision, self._label(model))
 
     def _label(self, model: Any) -> str:  # for messages
         return name_of(self.namespace, model) or model.name
@@ -275,9 +275,9 @@ class TrainingCell:
         resume = self.checkpoints and self.checkpoints.resumer(self._note, self.say)
         plan = plan_fit(self.request, self.placement, model, call, named,
                         first_batch=lambda c, *a: self._inputs(c).first_batch(*a),
-                        prepare=self._prepare, resume=resume, note=self._note,
+                        prepare=self._prepare, resume=resume,
                         label=name_of(self.namespace, model), owners=self.layout_owners)
-        self._placed(plan.placement)
+        self._placed(plan.placement, plan.notes)
         built = self._inputs().for_fit(model, plan.call, plan.batch, plan.seed, plan.build_pass)
         self.record.left_out.update(built.left_out)
         plan = ready(plan, built, self.request.steps_per_execution)
@@ -334,7 +334,7 @@ class TrainingCell:
 
     def _on_batch(self, name: str, model: Any, call: dict, named: set) -> Any:
         """Keras's own step on exactly the rows given (see `Backend.replica_steps`)."""
-        self._prepare(model)
+        self._placed(self.placement, [(note, "note: ") for note in self._prepare(model)])
         return routing.keras_method(name)(model, **call)
 
     _train_on_batch = functools.partialmethod(_on_batch, "train_on_batch")

@@ -45,6 +45,9 @@ class FitPlan:
         first: the fit's first batch as fed, read when first asked (`first()`; None where it
             cannot be read without changing what Keras reads: `fit.steps_for.first_batch`), so a
             fit that needs no batch reads none.
+        notes: what planning found to tell the user, `(text, prefix)` in the order found (the
+            model's settings, the memory plan's form, the batch's advice, `--scale-lr`): the
+            caller says them; nothing here writes to the cell.
     """
 
     model: Any
@@ -57,6 +60,7 @@ class FitPlan:
     resume_from: Any = None
     steps: Any = None
     first: Callable[[], Any] = lambda: None
+    notes: tuple[tuple[str, str], ...] = ()
 
     @property
     def connection(self) -> Any:
@@ -74,27 +78,29 @@ class FitPlan:
         return replace(self, batch=plan_batches(batch, self.connection.replicas,
                                                 what="the dataset's batch"))
 
-    def seen(self, batch: int) -> "FitPlan":
-        """The plan with the batch Keras read from a user's input, after the fit (unchecked:
-        it ran)."""
-        if self.batch.global_batch or not batch:
-            return self
+    def batch_run(self, read: int) -> BatchPlan:
+        """The batch the fit ran: the plan's, or where only the user's input knew it, the batch
+        Keras read from it (`read`, 0: none; unchecked: it ran). The plan is left as it is."""
+        if self.batch.global_batch or not read:
+            return self.batch
         replicas = self.connection.replicas
-        return replace(self, batch=BatchPlan(batch, replicas, batch // replicas))
+        return BatchPlan(read, replicas, read // replicas)
 
 
 Resume = Callable[[Any, int, Any], Any]  # (model, epochs, connection) -> a checkpoint or None
+Prepare = Callable[[Any], list]  # model -> the notes of the settings it put on the model
 
 
 def plan_fit(request: TrainRequest, placement: Placement, model: Any,
              call: Mapping[str, Any], named: set, *, first_batch: Callable[..., Any],
-             prepare: Callable[[Any], None], resume: Resume | None, note: Callable[..., None],
-             label: str | None = None, owners: Owners | None = None) -> FitPlan:
-    """Plans a `fit`: its batch, the model's settings (`prepare`), the placement settled
-    from its first batch (`first_batch(connection, model, call, batch)`, built from the
-    arrays or read safely from a dataset, never a pipeline), `--scale-lr`, and where it
-    resumes (`resume`: the checkpoint `--resume` continues from, and its data order's seed;
-    None, or nothing to resume: from the start, with a new seed).
+             prepare: Prepare, resume: Resume | None, label: str | None = None,
+             owners: Owners | None = None) -> FitPlan:
+    """Plans a `fit`: its batch, the model's settings (`prepare`, which returns its notes),
+    the placement settled from its first batch (`first_batch(connection, model, call,
+    batch)`, built from the arrays or read safely from a dataset, never a pipeline),
+    `--scale-lr`, and where it resumes (`resume`: the checkpoint `--resume` continues from,
+    and its data order's seed; None, or nothing to resume: from the start, with a new seed).
+    What it finds to say is in the plan's `notes`, for the caller to say.
 
     Raises:
         BatchSizeError, InputError: the batch or the inputs, before anything runs.
@@ -106,39 +112,40 @@ def plan_fit(request: TrainRequest, placement: Placement, model: Any,
     if "epochs" not in named and request.epochs is not None:
         call["epochs"] = request.epochs
     batch = _batch(request, placement, model, call, named, label)
-    prepare(model)
-    settled = _settled(placement, request, model,
-                       lambda: first_batch(placement.connection, model, call, batch), owners,
-                       note)
+    notes = [(text, "note: ") for text in prepare(model)]
+    settled, said = _settled(placement, request, model,
+                             lambda: first_batch(placement.connection, model, call, batch),
+                             owners)
+    notes += said
     if settled.connection is not placement.connection:  # --shard auto laid out a mesh
         batch = _batch(request, settled, model, call, named, label)
-    _said(request, model, batch, note)  # once, for the placement the fit trains on
+    notes += _said(request, model, batch)  # once, for the placement the fit trains on
     resume_from = None if resume is None else resume(model, call["epochs"], settled.connection)
     seed = random_state.order_seed() if resume_from is None else resume_from.seed
     if resume_from is not None:
         call["initial_epoch"] = resume_from.epoch
     return FitPlan(model, MappingProxyType(call), frozenset(named), batch, settled, seed,
-                   build_pass, resume_from)
+                   build_pass, resume_from, notes=tuple(notes))
 
 
 def _settled(placement: Placement, request: TrainRequest, model: Any,
-             first_batch: Callable[[], Any], owners: Owners | None,
-             note: Callable[..., None]) -> Placement:
-    """`placement.settle`; where the plan itself fails (not a refusal: the step will not
-    fit), the placement as it is, and a note: the memory plan adds a note, never an error."""
+             first_batch: Callable[[], Any], owners: Owners | None
+             ) -> tuple[Placement, list[tuple[str, str]]]:
+    """`placement.settle`, and its notes (what the plan's step form changes); where the plan
+    itself fails (not a refusal: the step will not fit), the placement as it is, and a note:
+    the memory plan adds a note, never an error."""
     try:
         settled = settle(placement, request, model, first_batch, owners)
-        for text in settled.form_notes:  # what the plan's step form changes, said
-            note(text)
-        return settled
+        return settled, [(text, "note: ") for text in settled.form_notes]
     except MemoryPlanError:
         raise
     except KerasBuildError as failed:  # the cell's own error, where plain Keras raises it
         raise failed.original from None
     except Exception as exc:  # noqa: BLE001 - see the docstring
-        note(f"the memory plan was skipped ({type(exc).__name__}: {exc})"
-             + ("; --shard auto keeps data parallelism" if not placement.settled else ""))
-        return replace(placement, settled=True) if not placement.settled else placement
+        skipped = (f"the memory plan was skipped ({type(exc).__name__}: {exc})"
+                   + ("; --shard auto keeps data parallelism" if not placement.settled else ""))
+        return (replace(placement, settled=True) if not placement.settled else placement,
+                [(skipped, "note: ")])
 
 
 def _batch(request: TrainRequest, placement: Placement, model: Any, call: Mapping[str, Any],
@@ -150,12 +157,12 @@ def _batch(request: TrainRequest, placement: Placement, model: Any, call: Mappin
                               request.batch, label=label)
 
 
-def _said(request: TrainRequest, model: Any, batch: BatchPlan,
-          note: Callable[..., None]) -> None:
-    """The batch's advice said and `--scale-lr` applied for it, once a fit."""
-    for warning in batch.warnings:
-        note(warning, "warning: ")
+def _said(request: TrainRequest, model: Any, batch: BatchPlan) -> list[tuple[str, str]]:
+    """`--scale-lr` applied for the batch, once a fit; the batch's advice and the scaling's
+    line, to say."""
+    said = [(warning, "warning: ") for warning in batch.warnings]
     if request.scale_lr:
-        said = planning.scale_learning_rate(model, batch)
-        if said:
-            note(said, "")
+        scaled = planning.scale_learning_rate(model, batch)
+        if scaled:
+            said.append((scaled, ""))
+    return said

@@ -95,7 +95,7 @@ def run_fit(plan: FitPlan, built: Built, hooks: FitHooks, measures: Measures) ->
     interrupted = ctrl_c or stopped or failure is not None
     try:
         return FitOutcome.of(
-            plan.seen(given_batch_size(built.call["x"])).batch, timing, history, interrupted,
+            plan.batch_run(given_batch_size(built.call["x"])), timing, history, interrupted,
             parity=hooks.check.outcome if hooks.check is not None else None,
             utilization=used,
             xla_compile=(connection.backend.compile_counts() - compiled_before

@@ -1,6 +1,7 @@
 """A fit's plan (training/fit/plan.py) with its collaborators stood in: the batch planned for
 the placement the fit trains on, its advice and `--scale-lr` said once, the memory plan's
-notes said, a resumed fit's epoch and seed; no Keras."""
+notes said (in the plan's notes, in order: nothing calls back to be said), a resumed fit's
+epoch and seed; no Keras."""
 
 from dataclasses import dataclass, field
 
@@ -43,7 +44,7 @@ def plan(monkeypatch, *, moved_to: int | None = None, scale_lr: bool = True, res
          settle=None):
     """`plan_fit` of a fit on 8 replicas; `moved_to`: `--shard auto` lays the model out on a
     mesh of that many data rows. Returns (the plan, the notes said, the batches planned)."""
-    planned, notes = [], []
+    planned = []
 
     def plan_call(method, model, call, named, connection, batch, label=None):
         planned.append(connection.replicas)
@@ -66,15 +67,15 @@ def plan(monkeypatch, *, moved_to: int | None = None, scale_lr: bool = True, res
     result = fit_plan.plan_fit(
         request, Placement(Connection(8)), Model(), {"x": None}, {"x"},
         first_batch=lambda *args: first.append(args[-1].replicas),
-        prepare=lambda model: None, resume=resume,
-        note=lambda text, prefix="": notes.append(prefix + text))
+        prepare=lambda model: ["a setting"], resume=resume)
+    notes = [prefix.replace("note: ", "") + text for text, prefix in result.notes]
     return result, notes, planned, first
 
 
 def test_a_fit_is_planned_once_and_says_its_advice_once(monkeypatch):
     result, notes, planned, first = plan(monkeypatch)
     assert planned == [8] and first == [8]
-    assert notes == ["a form note", "warning: 64 over 8", "scaled for 8"]
+    assert notes == ["a setting", "a form note", "warning: 64 over 8", "scaled for 8"]
     assert result.call["epochs"] == 3 and result.seed == 99 and result.resume_from is None
     assert result.batch.replicas == 8 and result.placement.settled
 
@@ -84,7 +85,7 @@ def test_shard_auto_plans_the_batch_for_its_mesh_and_says_it_once(monkeypatch):
     # once, for that mesh (they were said for both)
     result, notes, planned, _ = plan(monkeypatch, moved_to=2)
     assert planned == [8, 2] and result.batch.replicas == 2
-    assert notes == ["warning: 64 over 2", "scaled for 2"]
+    assert notes == ["a setting", "warning: 64 over 2", "scaled for 2"]
     assert result.placement.mesh == (2, 4)
 
 
@@ -106,5 +107,5 @@ def test_a_refusal_stops_the_plan_and_a_failed_plan_is_a_note(monkeypatch):
         raise RuntimeError("no compiler")
 
     result, notes, _, _ = plan(monkeypatch, settle=breaks)
-    assert notes[0].startswith("the memory plan was skipped (RuntimeError: no compiler)")
+    assert notes[1].startswith("the memory plan was skipped (RuntimeError: no compiler)")
     assert result.placement.settled
