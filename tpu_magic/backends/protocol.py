@@ -57,6 +57,9 @@ class Backend(Protocol):
     # a step's FLOPs are counted from a batch the model is fed (`training_flops`'s `batch`:
     # XLA's count of the lowered step); else from the layers alone, and no batch is read
     flops_from_batch: bool
+    # the first-step check's one-device step is compiled beside the first step
+    # (`one_device_ahead`, given the first batch's shapes); else where it runs
+    check_compiles_ahead: bool
 
     def connect(self, chosen: "Target", simulate: int | None, *, explicit_gpu: bool,
                 compile_cache: str | None, env: Mapping[str, str],

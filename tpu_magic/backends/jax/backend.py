@@ -37,6 +37,7 @@ class JaxBackend(Named):
     flops_from_batch = True  # XLA's cost analysis of the step lowered for the fed shapes
     groups_steps = True  # K steps a dispatch as one program on the devices (`loop`)
     times_steps_as_they_run = True  # K chosen from a call's first steps (`loop.pace`)
+    check_compiles_ahead = True  # on a thread, from the first batch's shapes (`parity`)
     plans_memory = True  # every first fit planned from the compiler (`memory`)
 
     def refuses(self, chosen: Target, simulate: int | None) -> str | None:

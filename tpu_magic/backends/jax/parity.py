@@ -31,8 +31,9 @@ def step_state(model: Any) -> StepState:
 
 def one_device_ahead(model: Any, before: StepState, batches: list) -> None:
     """The one-device step `one_device_steps` will run, traced now (with no distribution in
-    force, from the shapes of `before` and the first batch) and compiled on a thread of its
-    own: the fit's first step compiles meanwhile."""
+    force, from the shapes of `before` and of the first of `batches`: every batch of an
+    execution has them) and compiled on a thread of its own: the fit's first step compiles
+    meanwhile."""
     import keras
 
     jax = require_jax()

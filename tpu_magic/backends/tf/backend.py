@@ -35,6 +35,7 @@ class TensorFlowBackend(Named):
     # K for each call (`executions.keras_steps`)
     groups_steps = False
     times_steps_as_they_run = False  # a step is measured before the call (`executions`)
+    check_compiles_ahead = False  # a copy of the model is built and traced where it runs
     plans_memory = False  # Keras on TensorFlow: no memory plan
     flops_from_batch = False  # counted from the layers
 

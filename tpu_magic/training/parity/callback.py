@@ -51,6 +51,10 @@ class FirstStep(keras.callbacks.Callback):
             one-device steps ready while the first step compiles (the backend's
             `one_device_ahead`); None: nothing ahead.
         first_steps: the first execution's steps (the batches `ahead` is given).
+        first_fed: the fit's first batch as fed, where it can be read before Keras reads
+            it (`FitPlan.first`; None: not): `ahead`'s shapes where the input has fed
+            nothing yet when the first step begins (a user's dataset, read by Keras after
+            the hook), so its one-device step compiles beside the first step there too.
 
     After fit, `outcome` is a `Parity` or `Skipped` (None: the first step never ended).
     Where the outcome is known before the fit (a setup agreed earlier, a first batch that
@@ -79,9 +83,9 @@ class FirstStep(keras.callbacks.Callback):
                  setup_before: str | None = None,
                  whole: Callable[[], Any] | None = None,
                  ahead: Callable[[Any, StepState, list], None] | None = None,
-                 first_steps: int = 1):
+                 first_steps: int = 1, first_fed: Callable[[], Any] | None = None):
         super().__init__()
-        self._ahead, self._first_steps = ahead, first_steps
+        self._ahead, self._first_steps, self._first_fed = ahead, first_steps, first_fed
         self._inference, self._step_logs = inference, step_logs
         self._whole, self._kept = whole, None  # the whole-batch run, once kept
         self._state, self._first_batches, self._reference = state, first_batches, reference
@@ -121,9 +125,12 @@ class FirstStep(keras.callbacks.Callback):
         if self._ahead is None:
             return
         start = time.perf_counter()
-        batches = self._first_batches(self._first_steps) or []
-        if len(batches) == self._first_steps:
-            with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):
+            batches = self._first_batches(self._first_steps) or []
+            if len(batches) < self._first_steps and self._first_fed is not None:
+                first = self._first_fed()  # the shapes, before the input has fed it
+                batches = [first] if first is not None else []
+            if batches:
                 self._ahead(self.model, self._before, [real_rows(b)[0] for b in batches])
         self._copy_seconds += time.perf_counter() - start
 

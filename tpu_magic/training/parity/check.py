@@ -113,7 +113,8 @@ def _check(connection: Connection, mesh: Any, plan: Any, built: Any, agreed: fro
                      LOW_PRECISION_TOLERANCE if low else TOLERANCE, likely, draws, where,
                      agreed, inference, backend.step_logs, setup_before=before,
                      whole=None if norms else lambda: backend.whole_batch(model, built.call),
-                     ahead=ahead, first_steps=plan.steps.k)
+                     ahead=ahead if backend.check_compiles_ahead else None,
+                     first_steps=plan.steps.k, first_fed=plan.first)
 
 
 def _where(connection: Connection, mesh: Any) -> str:
