@@ -15,6 +15,15 @@ MODEL = GROUPED_MODEL
 FIT = grouped_fit(epochs=3)
 
 
+def grouped_or_lost_as_timed(execution) -> bool:
+    """K chosen from the call's first steps: a group, or one step a dispatch where the group
+    was timed as it ran and lost (8 simulated devices share 2 cores: in one CI run a group of
+    25 measured 2.81 ms a step against 2.27 ms one a dispatch, its collectives costing more
+    than the host work it saved). A group's gain is the CPU proxy's, benchmarks/."""
+    return execution.why.startswith("auto, from the first 3 steps: a step takes ") and \
+        (execution.k > 1 or "but that group measured" in execution.why)
+
+
 def _run(ip, line):
     ip.run_cell(SETUP)
     report = train(ip, MODEL + FIT, "--no-progress " + line)
@@ -46,8 +55,7 @@ def test_auto_groups_a_small_models_steps_says_why_and_a_later_cell_compiles_not
     # busy machine the step compiled in 1.7 s, its group estimated at 3.4 s: three epochs
     # would save 1.7 s, and kept one step a dispatch)
     first = train(ip, MODEL + "model.fit(x, y, batch_size=8, epochs=6, verbose=0)")
-    assert first.execution.k > 1 and first.execution.why.startswith(
-        "auto, from the first 3 steps: a step takes "), first.execution.why
+    assert grouped_or_lost_as_timed(first.execution), first.execution.why
     assert f"steps per execution: {first.execution.k} (auto" in first.summary()
     again = train(ip, "model.fit(x, y, batch_size=8, epochs=1, verbose=0)")
     # timed once: the same K, the same programs (its group timed again as it runs, and
@@ -197,8 +205,7 @@ def test_inputs_read_only_as_they_train_get_k_from_their_first_steps(ip, source)
     plain = plainly(setup, cell, data_parallel=True)
     ip.run_cell(setup)
     report = train(ip, cell, "--no-progress")
-    assert report.execution.k > 1 and report.execution.why.startswith(
-        "auto, from the first 3 steps: "), report.execution.why
+    assert grouped_or_lost_as_timed(report.execution), report.execution.why
     same_history(plain, ip.user_ns)
 
 
