@@ -175,6 +175,11 @@ class Backend(Protocol):
         """Why the model's `jit_compile=True` cannot run on this connection (tpu_magic then
         turns it off for the model), or None where it can."""
 
+    def compile_declined(self, model: Any, label: str) -> str | None:
+        """Where Keras runs the model's steps op by op only for layers whose steps this
+        backend compiles (JAX: Keras's coordinate-transforming image augmentation layers),
+        compiles them (`jit_compile` on) and says why; None: nothing changed."""
+
     def replica_steps(self, model: Any, connection: "Connection") -> ContextManager[Any]:
         """While tpu_magic runs the model's steps on the replicas: each replica's losses are
         those of its own batch, as on one device, its optimizers average the replicas'

@@ -1,6 +1,7 @@
 """Keras on JAX: the `Backend` object. Each method hands its job to the module that does it:
 `connect` (devices, `--simulate`), `devices` (the device view), `data` (NumPy inputs),
 `replica_steps`, `model_parallel` and `placement` (meshes and where variables live),
+`declined` (steps Keras runs op by op for TensorFlow's sake, compiled),
 `memory` (the memory plan), `parity` (the first-step check), `flops`, `checkpoint`,
 `compile_cache`, `loop` and `handed_state` (a call's steps). Keras 3 reaches TPUs
 through JAX with `keras.distribution.DataParallel`: the global batch is split over the
@@ -12,8 +13,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Iterator, Mapping
 
-from tpu_magic.backends.jax import compile_cache, connect, devices, flops, handed_state, \
-    memory, model_parallel, parity, placement, replica_steps, step_forms
+from tpu_magic.backends.jax import compile_cache, connect, declined, devices, flops, \
+    handed_state, memory, model_parallel, parity, placement, replica_steps, step_forms
 from tpu_magic.backends.jax.loop import calls
 from tpu_magic.backends.jax.loop.pace import Pace
 from tpu_magic.core import record
@@ -106,7 +107,10 @@ class JaxBackend(Named):
         return None
 
     def jit_compile_note(self, connection: Connection, model: Any) -> str | None:
-        return None  # JAX compiles every step with XLA anyway
+        return None  # XLA compiles any step Keras lets it compile
+
+    def compile_declined(self, model: Any, label: str) -> str | None:
+        return declined.compile_declined(model, label)
 
     def step_times(self, model: Any, kind: str, batch: Any) -> tuple | None:
         return None  # timed as they train (`times_steps_as_they_run`)

@@ -111,6 +111,9 @@ class TensorFlowBackend(Named):
                     "step anyway.")
         return None
 
+    def compile_declined(self, model: Any, label: str) -> str | None:
+        return None  # the layers Keras runs op by op cannot compile on TensorFlow
+
     def leads(self) -> bool:
         return True  # one process
 

@@ -1,6 +1,7 @@
 """Per-model settings before tpu_magic runs a model's `fit`, `evaluate` or `predict`.
 
-Steps per execution and `jit_compile` where the connection cannot run them, the
+Steps per execution and `jit_compile` where the connection cannot run them (or, on JAX,
+where Keras declined it only for TensorFlow's sake: `Backend.compile_declined`), the
 exactness overrides (see `exactness`), float32 outputs under a mixed policy (see
 `precision`), a subclassed model without `call()` marked built, and a retrace where any of
 these changed (or the first time tpu_magic runs the model): functions Keras traced before
@@ -38,6 +39,10 @@ def prepare(model: Any, connection: Any, steps_per_execution: int | None,
     if cannot_jit:
         notes.append(cannot_jit)
         model.jit_compile = False
+        retrace = True
+    compiled = connection.backend.compile_declined(model, label)
+    if compiled:  # steps Keras ran op by op for TensorFlow's sake, compiled
+        notes.append(compiled)
         retrace = True
     _mark_built_without_call(model)
     # Only a model that may get padded batches needs the masks; elsewhere plain Keras's code.
