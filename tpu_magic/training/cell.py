@@ -28,7 +28,7 @@ from tpu_magic.training.cell_code import (assigned_before, hand_written_loop,
                                           layout_owners, names_in)
 from tpu_magic.training.checkpoints import cell_checkpoints
 from tpu_magic.training.fit import utilization
-from tpu_magic.training.fit.plan import FitPlan, plan_fit
+from tpu_magic.training.fit.plan import FitPlan, PlanFailed, plan_fit
 from tpu_magic.training.fit.progress import TrainingView
 from tpu_magic.training.fit.run import (FitHooks, Measures, interrupted_line, notes_of,
                                         progress_for, ready, run_fit)
@@ -70,6 +70,13 @@ class FitCall:
                 return (f"this fit read a generator ({key}), which is used up: train from a "
                         "cell, with the generator made again")
         return None
+
+    @property
+    def repeated(self) -> tuple[dict, set]:
+        """Its arguments and the names the user gave, as the panel's Train repeats it: the
+        cell's batch and epochs (the user's left out), from epoch 0, Keras's output off."""
+        return (dict(self.arguments, initial_epoch=0, verbose=0),
+                set(self.named) - {"batch_size", "epochs", "initial_epoch"})
 
 
 @dataclass(frozen=True)
@@ -182,8 +189,7 @@ class TrainingCell:
                 lines, notes = sharding.of_model(self.connection, self.last_model,
                                                  self.placement.mesh)
                 self.record.sharding = tuple(lines)
-                for note in notes:
-                    self._note(note, "warning: ")
+                self._notes((note, "warning: ") for note in notes)
 
     def _adopt_namespace(self) -> None:
         """Models the cell left in the namespace that belong to the strategy keep routing."""
@@ -204,8 +210,7 @@ class TrainingCell:
     def _fit_again(self, last: FitCall, stop_event: threading.Event | None) -> None:
         """A recorded `fit` again, this cell's batch and epochs; `stop_event`: the Stop."""
         self.stop_event = stop_event
-        named = set(last.named) - {"batch_size", "epochs", "initial_epoch"}
-        self.route("fit", last.model, dict(last.arguments, initial_epoch=0, verbose=0), named)
+        self.route("fit", last.model, *last.repeated)
 
     def route(self, name: str, model: Any, call: dict, named: set) -> Any:
         """`model.<name>(...)` through tpu_magic (see `routing`)."""
@@ -238,8 +243,7 @@ class TrainingCell:
 
     def _placed(self, settled: placement.Placement, notes: Iterable[tuple[str, str]]) -> None:
         """The cell trains on `settled` from now on (its later inputs built for it)."""
-        for text, prefix in notes:
-            self._note(text, prefix)
+        self._notes(notes)
         self.placement = settled
         self.record.strategy = settled.connection.strategy_name
         self.record.replicas = settled.connection.replicas
@@ -250,6 +254,10 @@ class TrainingCell:
         if text not in self.record.notes:
             self.record.notes.append(text)
             self.say(prefix + text)
+
+    def _notes(self, notes: Iterable[tuple[str, str]]) -> None:  # each `(text, prefix)`
+        for text, prefix in notes:
+            self._note(text, prefix)
 
     def _prepare(self, model: Any) -> list[str]:  # the request's settings on it; their notes
         return prepare(model, self.connection, self.request.steps_per_execution,
@@ -263,20 +271,21 @@ class TrainingCell:
                       lambda model: name_of(self.namespace, model))
 
     def _calls(self) -> Calls:
-        def copy(m: Any) -> Any:
-            objects = custom_objects_from(self.namespace, m)
-            return lambda: compiled_like(cpu_copy(m, objects, self.connection.backend), m)
-
-        return Calls(self._inputs(), self.request.progress, copy,
+        return Calls(self._inputs(), self.request.progress,
+                     _one_device_copies(self.namespace, self.connection.backend),
                      self.request.steps_per_execution, self.request.batch, self._prepare)
 
     def _fit(self, model: Any, call: dict, named: set) -> Any:
         recorded = FitCall(model, dict(call), frozenset(named))
-        resume = self.checkpoints and self.checkpoints.resumer(self._note, self.say)
-        plan = plan_fit(self.request, self.placement, model, call, named,
-                        first_batch=lambda c, *a: self._inputs(c).first_batch(*a),
-                        prepare=self._prepare, resume=resume,
-                        label=name_of(self.namespace, model), owners=self.layout_owners)
+        try:
+            plan = plan_fit(self.request, self.placement, model, call, named,
+                            first_batch=lambda c, *a: self._inputs(c).first_batch(*a),
+                            prepare=self._prepare, resume=self.checkpoints and
+                            self.checkpoints.resume, label=name_of(self.namespace, model),
+                            owners=self.layout_owners)
+        except PlanFailed as failed:  # what it found is said, then its error is the cell's
+            self._notes(failed.notes)
+            raise failed.error from failed.error.__cause__
         self._placed(plan.placement, plan.notes)
         built = self._inputs().for_fit(model, plan.call, plan.batch, plan.seed, plan.build_pass)
         self.record.left_out.update(built.left_out)
@@ -290,8 +299,7 @@ class TrainingCell:
             self.inputs_measured.update([outcome.utilization.input_measured])
         self.record.fits.append(outcome)
         self.agreed = (self.agreed | {getattr(outcome.parity, "remembered", None)}) - {None}
-        for text, prefix in notes_of(hooks, self.checkpoints) + list(outcome.notes):
-            self._note(text, prefix)
+        self._notes(notes_of(hooks, self.checkpoints) + list(outcome.notes))
         if outcome.failure is not None:
             raise outcome.failure
         if outcome.interrupted:
@@ -313,8 +321,7 @@ class TrainingCell:
         self.verified = self.verified or first
         check, whole, notes = fit_checks(self.connection, mesh, plan, built, first,
                                          self.agreed, self._calls().one_device_copy)
-        for note in notes:
-            self._note(note)
+        self._notes((note, "note: ") for note in notes)
         return FitHooks(progress, saver, check, self.stop_event, self.request.progress,
                         whole=whole)
 
@@ -334,7 +341,7 @@ class TrainingCell:
 
     def _on_batch(self, name: str, model: Any, call: dict, named: set) -> Any:
         """Keras's own step on exactly the rows given (see `Backend.replica_steps`)."""
-        self._placed(self.placement, [(note, "note: ") for note in self._prepare(model)])
+        self._notes((note, "note: ") for note in self._prepare(model))
         return routing.keras_method(name)(model, **call)
 
     _train_on_batch = functools.partialmethod(_on_batch, "train_on_batch")
@@ -345,6 +352,17 @@ def _skipped(what: str, exc: BaseException) -> str:
     """A note for a step of tpu_magic's that failed: what was skipped, and the error."""
     text = str(exc).strip().splitlines()
     return f"tpu_magic skipped {what}: {type(exc).__name__}: {text[0] if text else ''}"
+
+
+def _one_device_copies(namespace: Mapping[str, Any], backend: Any
+                       ) -> Callable[[Any], Callable[[], Any]]:
+    """model -> a maker of its compiled one-device copy (the first-step check's reference,
+    evaluate's and predict's fallback), its layers' classes found in the user's namespace."""
+    def copies(model: Any) -> Callable[[], Any]:
+        objects = custom_objects_from(namespace, model)
+        return lambda: compiled_like(cpu_copy(model, objects, backend), model)
+
+    return copies
 
 
 def _plainly(name: str, model: Any, call: dict) -> Any:

@@ -94,13 +94,17 @@ def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(digits, tmp_
     assert report.history.epoch == [1, 2]
 
 
-def test_no_readable_checkpoint_at_all_is_a_usage_error(digits, tmp_path):
+def test_no_readable_checkpoint_at_all_is_a_usage_error(digits, tmp_path, capsys):
     train(digits, ADAM + FIT.format(epochs=1), f"--no-progress --checkpoint {tmp_path}")
     (tmp_path / "ckpt-000001-epoch-0001.h5").write_bytes(b"not hdf5")
     before = weights(digits)
+    capsys.readouterr()
     with pytest.raises(UsageError, match="no checkpoint in .* reads back whole .*moved aside"):
-        train(digits, FIT.format(epochs=2), f"--no-progress --checkpoint {tmp_path} --resume")
+        train(digits, FIT.format(epochs=2).replace("batch_size=64", "batch_size=40"),
+              f"--no-progress --checkpoint {tmp_path} --resume")
     assert largest_difference(weights(digits), before) == 0
+    # the batch's advice, found as the fit was planned before --resume failed, is said too
+    assert "warning: 5 samples per replica (batch_size 40 / 8)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("other, mismatch", [

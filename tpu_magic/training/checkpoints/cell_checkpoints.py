@@ -7,10 +7,10 @@ The files and the directory are `checkpoints.store`'s; this module decides, for 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import keras
 
@@ -36,7 +36,7 @@ def open_store(directory: str, keep: int, resume: bool) -> CheckpointStore:
     return store
 
 
-@dataclass
+@dataclass(frozen=True)
 class ResumePoint:
     """Where `--resume` continues: the checkpoint (None: from the start), and what to say.
 
@@ -47,7 +47,13 @@ class ResumePoint:
 
     checkpoint: Checkpoint | None
     message: str
-    warnings: list[str] = field(default_factory=list)
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def notes(self) -> tuple[tuple[str, str], ...]:
+        """What to say, `(text, prefix)`: the skipped checkpoints as warnings, then where
+        training goes on (a line of its own)."""
+        return tuple((w, "warning: ") for w in self.warnings) + ((self.message, ""),)
 
 
 def resume_point(store: CheckpointStore, epochs: int, model: Any = None,
@@ -59,7 +65,8 @@ def resume_point(store: CheckpointStore, epochs: int, model: Any = None,
         CheckpointError: checkpoints exist but none reads back whole.
     """
     found = store.newest(model, connection)
-    warnings = [f"{moved}; using the checkpoint before it" for moved in store.take_moved_aside()]
+    warnings = tuple(f"{moved}; using the checkpoint before it"
+                     for moved in store.take_moved_aside())
     checkpoint = found.checkpoint
     if checkpoint is None:
         if found.skipped:
@@ -120,14 +127,13 @@ class Checkpointing(keras.callbacks.Callback):
         seed: the data order's seed (saved, so a resumed run sees the same order).
         connection: the connection the model trains on (its strategy and backend).
         resume_from: the checkpoint to restore before the first step, if resuming.
-        say: prints one line to the user.
     """
 
     def __init__(self, store: CheckpointStore, seed: int, connection: Any,
-                 resume_from: Checkpoint | None = None, say: Callable[[str], None] = print):
+                 resume_from: Checkpoint | None = None):
         super().__init__()
         self.store, self.seed, self.connection = store, seed, connection
-        self.resume_from, self.say = resume_from, say
+        self.resume_from = resume_from
         self.written: list[Path] = []
         self.cut_short: int | None = None  # an epoch stopped early (not checkpointed)
         self.not_finite: list[int] = []  # epochs whose weights were NaN/Inf (not written)
@@ -166,24 +172,18 @@ class CellCheckpoints:
         self.store = open_store(directory, keep, resume)
         self._resume_pending = resume
 
-    def resume(self, epochs: int, warn: Callable[[str], None], say: Callable[[str], None],
-               model: Any = None, connection: Any = None) -> Checkpoint | None:
-        """The cell's first `fit` continues from the newest checkpoint (None: from the start)."""
+    def resume(self, model: Any, epochs: int, connection: Any) -> ResumePoint | None:
+        """Where the cell's first `fit` continues (`fit.plan`'s `resume`): the newest
+        checkpoint, read into `model` as laid out on `connection`, and what to say (its
+        `notes`); None: --resume was not asked, or an earlier fit of the cell resumed.
+
+        Raises:
+            CheckpointError: checkpoints exist but none reads back whole.
+        """
         if not self._resume_pending:
             return None
         self._resume_pending = False
-        point = resume_point(self.store, epochs, model, connection)
-        for warning in point.warnings:
-            warn(warning)
-        say(point.message)
-        return point.checkpoint
-
-    def resumer(self, note: Callable[[str, str], None], say: Callable[[str], None]
-                ) -> Callable[[Any, int, Any], Checkpoint | None]:
-        """`resume` for a fit's plan: (model, epochs, connection) -> the checkpoint; `note`
-        (text, prefix) says the damaged checkpoints skipped, as warnings."""
-        return lambda model, epochs, connection: self.resume(
-            epochs, lambda text: note(text, "warning: "), say, model, connection)
+        return resume_point(self.store, epochs, model, connection)
 
     def callback(self, seed: int, connection: Any, resume_from: Checkpoint | None) -> Checkpointing:
         return Checkpointing(self.store, seed, connection, resume_from)

@@ -87,7 +87,19 @@ class FitPlan:
         return BatchPlan(read, replicas, read // replicas)
 
 
-Resume = Callable[[Any, int, Any], Any]  # (model, epochs, connection) -> a checkpoint or None
+class PlanFailed(Exception):
+    """Planning ended in `error` after it had found `notes` (the model's settings, the
+    batch's advice, ...): the caller says them, then raises `error`, as it would have
+    said them had the plan been finished."""
+
+    def __init__(self, error: Exception, notes: tuple[tuple[str, str], ...]):
+        super().__init__(error)
+        self.error, self.notes = error, notes
+
+
+# (model, epochs, connection) -> where `--resume` continues (`checkpoints.cell_checkpoints.
+# ResumePoint`: its checkpoint, None for the start, and its `notes`), or None: no --resume
+Resume = Callable[[Any, int, Any], Any]
 Prepare = Callable[[Any], list]  # model -> the notes of the settings it put on the model
 
 
@@ -100,27 +112,37 @@ def plan_fit(request: TrainRequest, placement: Placement, model: Any,
     batch)`, built from the arrays or read safely from a dataset, never a pipeline),
     `--scale-lr`, and where it resumes (`resume`: the checkpoint `--resume` continues from,
     and its data order's seed; None, or nothing to resume: from the start, with a new seed).
-    What it finds to say is in the plan's `notes`, for the caller to say.
+    What it finds to say is in the plan's `notes`, for the caller to say; nothing is said
+    from here.
 
     Raises:
+        PlanFailed: the `error` below, with the notes found before it:
         BatchSizeError, InputError: the batch or the inputs, before anything runs.
         MemoryPlanError: the step will not fit a device.
         CheckpointError: `--resume` finds no checkpoint that reads back.
+        The cell's own error where building its model fails as in plain Keras.
     """
-    build_pass = builds_from_a_pass(model)  # before tpu_magic builds anything of it
-    call = dict(call)
-    if "epochs" not in named and request.epochs is not None:
-        call["epochs"] = request.epochs
-    batch = _batch(request, placement, model, call, named, label)
-    notes = [(text, "note: ") for text in prepare(model)]
-    settled, said = _settled(placement, request, model,
-                             lambda: first_batch(placement.connection, model, call, batch),
-                             owners)
-    notes += said
-    if settled.connection is not placement.connection:  # --shard auto laid out a mesh
-        batch = _batch(request, settled, model, call, named, label)
-    notes += _said(request, model, batch)  # once, for the placement the fit trains on
-    resume_from = None if resume is None else resume(model, call["epochs"], settled.connection)
+    notes: list[tuple[str, str]] = []
+    try:
+        build_pass = builds_from_a_pass(model)  # before tpu_magic builds anything of it
+        call = dict(call)
+        if "epochs" not in named and request.epochs is not None:
+            call["epochs"] = request.epochs
+        batch = planning.plan_call("fit", model, call, named, placement.connection,
+                                   request.batch, label=label)
+        notes += [(text, "note: ") for text in prepare(model)]
+        settled, said = _settled(placement, request, model,
+                                 lambda: first_batch(placement.connection, model, call, batch),
+                                 owners)
+        notes += said
+        if settled.connection is not placement.connection:  # --shard auto laid out a mesh
+            batch = _over_the_mesh(request, settled, model, call, named)
+        notes += _said(request, model, batch)  # once, for the placement the fit trains on
+        point = None if resume is None else resume(model, call["epochs"], settled.connection)
+        notes += point.notes if point is not None else ()
+    except Exception as error:  # noqa: BLE001 - handed back whole, with what was found
+        raise PlanFailed(error, tuple(notes)) from error
+    resume_from = None if point is None else point.checkpoint
     seed = random_state.order_seed() if resume_from is None else resume_from.seed
     if resume_from is not None:
         call["initial_epoch"] = resume_from.epoch
@@ -148,13 +170,14 @@ def _settled(placement: Placement, request: TrainRequest, model: Any,
                 [(skipped, "note: ")])
 
 
-def _batch(request: TrainRequest, placement: Placement, model: Any, call: Mapping[str, Any],
-           named: set, label: str | None) -> BatchPlan:
-    """The fit's batch over the placement's data rows (`planning.plan_call`, nothing said
-    or changed: planned again only where `--shard auto` moved the fit onto a mesh of fewer
-    data rows)."""
-    return planning.plan_call("fit", model, call, named, placement.connection,
-                              request.batch, label=label)
+def _over_the_mesh(request: TrainRequest, settled: Placement, model: Any,
+                   call: Mapping[str, Any], named: set) -> BatchPlan:
+    """The fit's batch over the data rows of the mesh `--shard auto` laid out: chosen again
+    for them (the split, and a batch fixed in the model's Input, are per data row); the
+    call's samples and inputs were checked once, by `plan_call`, and are not again."""
+    connection = settled.connection
+    return planning.choose_batch("fit", call, named, connection, request.batch,
+                                 planning.static_per_replica(model, connection))
 
 
 def _said(request: TrainRequest, model: Any, batch: BatchPlan) -> list[tuple[str, str]]:
