@@ -252,9 +252,11 @@ class Backend(Protocol):
         copy of the model outside every strategy, for a backend whose variables cannot leave
         theirs (TensorFlow's)."""
 
-    def one_device_ahead(self, model: Any, before: "StepState", batches: list) -> None:
+    def one_device_ahead(self, model: Any, before: "StepState", batches: list
+                         ) -> "Callable[[], bool] | None":
         """Before the fit's first step: `one_device_steps` for `before` and `batches` made
-        ready while the first step compiles and runs (a backend that cannot: nothing)."""
+        ready while the fit goes on; returns whether they are ready now, for the check to
+        compare where they are (a backend that cannot: nothing, None)."""
 
     def step_logs(self, model: Any, logs: dict) -> dict:
         """The metrics over the whole batch after a step (a callback's `logs` may hold one

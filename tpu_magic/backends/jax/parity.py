@@ -29,11 +29,11 @@ def step_state(model: Any) -> StepState:
                        for variables, arrays in zip(state_groups(model), live)))
 
 
-def one_device_ahead(model: Any, before: StepState, batches: list) -> None:
+def one_device_ahead(model: Any, before: StepState, batches: list) -> Callable[[], bool]:
     """The one-device step `one_device_steps` will run, traced now (with no distribution in
     force, from the shapes of `before` and of the first of `batches`: every batch of an
-    execution has them) and compiled on a thread of its own: the fit's first step compiles
-    meanwhile."""
+    execution has them) and compiled on a thread of its own while the fit goes on. Returns
+    whether that compile is done (the check compares where it is, not waiting for it)."""
     import keras
 
     jax = require_jax()
@@ -53,7 +53,9 @@ def one_device_ahead(model: Any, before: StepState, batches: list) -> None:
         lowered = _reference_step(model).program.lower(*state, batch)
     finally:
         keras.distribution.set_distribution(distribution)
-    _reference_step(model).compile_ahead(model, lowered)
+    reference = _reference_step(model)
+    reference.compile_ahead(model, lowered)
+    return reference.compiled
 
 
 class _Reference:
@@ -70,6 +72,10 @@ class _Reference:
 
     def compile_ahead(self, model: Any, lowered: Any) -> None:
         self._ahead = Beside(model, lowered.compile)
+
+    def compiled(self) -> bool:
+        """Whether `ready` would return at once (no compile ahead left to wait for)."""
+        return self._ahead is None or self._ahead.done()
 
     def ready(self) -> Any:
         """The program, its compile ahead (if any) waited for."""

@@ -2,7 +2,14 @@
 copied, and after its first execution the same steps run on one device and compared
 (`compare`). Where the split steps differ, the same steps run again from the copied state
 with every replica computing the whole batch; where that agrees with one device, the fit
-goes on so (`WholeBatchRun` runs a later fit of that setup so from its start)."""
+goes on so (`WholeBatchRun` runs a later fit of that setup so from its start).
+
+Where nothing would be run again (no `whole`: on JAX a step sees the global batch) and the
+one-device step, compiled beside, is not ready when the first execution ends, the state
+after it is kept and the comparison waits for that compile at a later batch (at the
+latest when the fit ends) while the fit trains on: the compile leaves the critical path.
+The memory plan compiles the distributed step before the fit, so its first step is quick,
+and a check that waited for its own compile there added that compile to the cell."""
 
 from __future__ import annotations
 
@@ -49,7 +56,8 @@ class FirstStep(keras.callbacks.Callback):
             steps differ; None: not tried.
         ahead: (model, the state before, the first execution's batches) makes the
             one-device steps ready while the first step compiles (the backend's
-            `one_device_ahead`); None: nothing ahead.
+            `one_device_ahead`), returning whether they are ready now (a callable; None:
+            ready when run); None: nothing ahead.
         first_steps: the first execution's steps (the batches `ahead` is given).
         first_fed: the fit's first batch as fed, where it can be read before Keras reads
             it (`FitPlan.first`; None: not): `ahead`'s shapes where the input has fed
@@ -93,6 +101,8 @@ class FirstStep(keras.callbacks.Callback):
         self._where, self._agreed = where, agreed
         self._before: StepState | None = None
         self._done = False
+        self._ready: Callable[[], bool] | None = None  # the one-device steps compiled?
+        self._pending: tuple | None = None  # the first execution, kept to compare later
         self.outcome: Parity | Skipped | None = None
         if random_draws and inference is None:
             self._skip(random_draws)
@@ -131,10 +141,15 @@ class FirstStep(keras.callbacks.Callback):
                 first = self._first_fed()  # the shapes, before the input has fed it
                 batches = [first] if first is not None else []
             if batches:
-                self._ahead(self.model, self._before, [real_rows(b)[0] for b in batches])
+                self._ready = self._ahead(self.model, self._before,
+                                          [real_rows(b)[0] for b in batches])
         self._copy_seconds += time.perf_counter() - start
 
     def on_train_batch_end(self, batch, logs=None):
+        if self._pending is not None:
+            if self._ready is None or self._ready():
+                self._finish()  # says, never raises
+            return
         if self._done or self._before is None:
             return
         self._done = True
@@ -147,7 +162,9 @@ class FirstStep(keras.callbacks.Callback):
             self._skip(_could_not("compare the first step", exc))
 
     def _compare(self, batch: int, logs: dict | None) -> None:
-        """The first execution's steps against the same steps on one device."""
+        """The first execution's steps against the same steps on one device: now, or where
+        the one-device steps are still compiling and nothing would be run again, once they
+        are (`_finish`, at a later batch or the fit's end)."""
         start = time.perf_counter()
         steps = batch + 1
         batches = self._first_batches(steps)
@@ -170,6 +187,17 @@ class FirstStep(keras.callbacks.Callback):
             self._skip("it was built inside its first step, so there was no state before it "
                        "to start one device from")
             return
+        self._copy_seconds += time.perf_counter() - start
+        self._pending = (steps, fed, setup, after, _pythonic(self._step_logs(self.model, logs)),
+                         logs)
+        if self._whole is not None or self._ready is None or self._ready():
+            self._finish()
+
+    def _finish(self) -> None:
+        """The kept first execution compared with the same steps on one device (their
+        compile waited for, where it goes on)."""
+        steps, fed, setup, after, ours, logs = self._pending
+        self._pending, start = None, time.perf_counter()
         try:
             their_logs, theirs = self._reference(self.model, self._before, [b for b, _ in fed])
         except Exception as exc:  # noqa: BLE001 - the check must never break the cell
@@ -177,11 +205,18 @@ class FirstStep(keras.callbacks.Callback):
             self._skip(f"the one-device step could not run ({type(exc).__name__}: "
                        f"{text[0] if text else ''})")
             return
+        try:
+            self._compared(steps, fed, setup, after, ours, logs, their_logs, theirs, start)
+        except Exception as exc:  # noqa: BLE001 - the check must never break the cell
+            self._skip(_could_not("compare the first step", exc))
+
+    def _compared(self, steps: int, fed: list, setup: str, after: StepState, ours: dict,
+                  logs: dict | None, their_logs: dict, theirs: StepState, start: float
+                  ) -> None:
         seconds = self._copy_seconds + time.perf_counter() - start
-        parity = compare(self._before, after, theirs,
-                         _pythonic(self._step_logs(self.model, logs)),
-                         _pythonic(their_logs), steps, self._tolerance, seconds,
-                         self._likely, setup, any(padded for _, padded in fed))
+        parity = compare(self._before, after, theirs, ours, _pythonic(their_logs), steps,
+                         self._tolerance, seconds, self._likely, setup,
+                         any(padded for _, padded in fed))
         if not parity.agrees and self._whole is not None:
             parity = self._run_whole(parity, steps, theirs, _pythonic(their_logs), logs)
         self.outcome = parity
@@ -217,11 +252,20 @@ class FirstStep(keras.callbacks.Callback):
         return replace(parity, whole=compared)
 
     def on_train_end(self, logs=None):
+        if self._pending is not None:  # the fit's last steps ran while it compiled
+            self._finish()
         self.ended()
 
     def ended(self) -> None:
         """The fit ended (also by an error or Ctrl-C, which Keras's `on_train_end` misses):
-        a whole-batch run kept ends with it."""
+        a whole-batch run kept ends with it; a comparison still waiting for its compile is
+        made where that compile is done, else said (nothing waits on an interrupted fit)."""
+        if self._pending is not None:
+            if self._ready is None or self._ready():
+                self._finish()
+            else:
+                self._pending = None
+                self._skip("the fit ended before its one-device step had compiled")
         if self._kept is not None:
             self._kept.close()
             self._kept = None

@@ -92,9 +92,9 @@ def _check(connection: Connection, mesh: Any, plan: Any, built: Any, agreed: fro
         with exactness.suspended(m):
             return backend.one_device_steps(m, before, batches, one_device_copy(m))
 
-    def ahead(m: Any, before: Any, batches: list) -> None:
+    def ahead(m: Any, before: Any, batches: list) -> Callable[[], bool] | None:
         with exactness.suspended(m):
-            backend.one_device_ahead(m, before, batches)
+            return backend.one_device_ahead(m, before, batches)
 
     def inference(m: Any, fed: Any, real: Any) -> Any:
         ours = backend.distributed_inference(m, fed)
@@ -112,7 +112,8 @@ def _check(connection: Connection, mesh: Any, plan: Any, built: Any, agreed: fro
     return FirstStep(backend.step_state, built.first, reference,
                      LOW_PRECISION_TOLERANCE if low else TOLERANCE, likely, draws, where,
                      agreed, inference, backend.step_logs, setup_before=before,
-                     whole=None if norms else lambda: backend.whole_batch(model, built.call),
+                     whole=None if norms or global_batch else
+                     lambda: backend.whole_batch(model, built.call),
                      ahead=ahead if backend.check_compiles_ahead else None,
                      first_steps=plan.steps.k, first_fed=plan.first)
 
