@@ -257,9 +257,10 @@ class FirstStep(keras.callbacks.Callback):
         self.ended()
 
     def ended(self) -> None:
-        """The fit ended (also by an error or Ctrl-C, which Keras's `on_train_end` misses):
-        a whole-batch run kept ends with it; a comparison still waiting for its compile is
-        made where that compile is done, else said (nothing waits on an interrupted fit)."""
+        """The fit ended (also by an error, which Keras's `on_train_end` misses; Ctrl-C and
+        the panel's Stop end it at a batch, through `on_train_end`): a whole-batch run kept
+        ends with it; a comparison still waiting for its compile is made where that compile
+        is done, else skipped (a failed fit waits for no compile)."""
         if self._pending is not None:
             if self._ready is None or self._ready():
                 self._finish()
