@@ -33,7 +33,8 @@ def one_device_ahead(model: Any, before: StepState, batches: list) -> Callable[[
     """The one-device step `one_device_steps` will run, traced now (with no distribution in
     force, from the shapes of `before` and of the first of `batches`: every batch of an
     execution has them) and compiled on a thread of its own while the fit goes on. Returns
-    whether that compile is done (the check compares where it is, not waiting for it)."""
+    a callable telling whether that compile is done (the check compares once it is, not
+    waiting for it)."""
     import keras
 
     jax = require_jax()

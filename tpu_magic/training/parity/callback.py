@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import keras
@@ -25,6 +25,20 @@ from tpu_magic.core.arrays import batch_shapes
 from tpu_magic.core.steps import StepState
 from tpu_magic.training.parity.compare import (AGREED, Parity, Skipped, compare,
                                                compare_inference, comparison_setup, real_rows)
+
+
+@dataclass(frozen=True)
+class _FirstExecution:
+    """The first execution as it ended, kept to compare: its steps, its batches as fed (each
+    with whether it was padded), its setup's key, the state after it, its logs over the
+    whole batch (`ours`) and Keras's own `logs` (a whole-batch run writes its logs there)."""
+
+    steps: int
+    fed: list
+    setup: str
+    after: StepState
+    ours: dict
+    logs: Any
 
 
 class FirstStep(keras.callbacks.Callback):
@@ -102,7 +116,8 @@ class FirstStep(keras.callbacks.Callback):
         self._before: StepState | None = None
         self._done = False
         self._ready: Callable[[], bool] | None = None  # the one-device steps compiled?
-        self._pending: tuple | None = None  # the first execution, kept to compare later
+        self._pending: _FirstExecution | None = None  # kept until they have
+        self._held = 0.0  # the seconds the check held the fit
         self.outcome: Parity | Skipped | None = None
         if random_draws and inference is None:
             self._skip(random_draws)
@@ -126,7 +141,7 @@ class FirstStep(keras.callbacks.Callback):
         except Exception as exc:  # noqa: BLE001 - the check must never break the cell
             self._skip(_could_not("copy the state before the step", exc))
             return
-        self._copy_seconds = time.perf_counter() - start
+        self._held = time.perf_counter() - start
         self._make_ready()
 
     def _make_ready(self) -> None:
@@ -143,11 +158,15 @@ class FirstStep(keras.callbacks.Callback):
             if batches:
                 self._ready = self._ahead(self.model, self._before,
                                           [real_rows(b)[0] for b in batches])
-        self._copy_seconds += time.perf_counter() - start
+        self._held += time.perf_counter() - start
+
+    def _compiled(self) -> bool:
+        """Whether the one-device steps can run without waiting for their compile."""
+        return self._ready is None or self._ready()
 
     def on_train_batch_end(self, batch, logs=None):
         if self._pending is not None:
-            if self._ready is None or self._ready():
+            if self._compiled():
                 self._finish()  # says, never raises
             return
         if self._done or self._before is None:
@@ -187,38 +206,35 @@ class FirstStep(keras.callbacks.Callback):
             self._skip("it was built inside its first step, so there was no state before it "
                        "to start one device from")
             return
-        self._copy_seconds += time.perf_counter() - start
-        self._pending = (steps, fed, setup, after, _pythonic(self._step_logs(self.model, logs)),
-                         logs)
-        if self._whole is not None or self._ready is None or self._ready():
+        self._held += time.perf_counter() - start
+        self._pending = _FirstExecution(steps, fed, setup, after,
+                                        _pythonic(self._step_logs(self.model, logs)), logs)
+        if self._whole is not None or self._compiled():
             self._finish()
 
     def _finish(self) -> None:
         """The kept first execution compared with the same steps on one device (their
         compile waited for, where it goes on)."""
-        steps, fed, setup, after, ours, logs = self._pending
-        self._pending, start = None, time.perf_counter()
+        kept, self._pending, start = self._pending, None, time.perf_counter()
         try:
-            their_logs, theirs = self._reference(self.model, self._before, [b for b, _ in fed])
+            their_logs, theirs = self._reference(self.model, self._before,
+                                                 [b for b, _ in kept.fed])
         except Exception as exc:  # noqa: BLE001 - the check must never break the cell
             text = str(exc).strip().splitlines()
             self._skip(f"the one-device step could not run ({type(exc).__name__}: "
                        f"{text[0] if text else ''})")
             return
         try:
-            self._compared(steps, fed, setup, after, ours, logs, their_logs, theirs, start)
+            parity = compare(self._before, kept.after, theirs, kept.ours, _pythonic(their_logs),
+                             kept.steps, self._tolerance,
+                             self._held + time.perf_counter() - start, self._likely,
+                             kept.setup, any(padded for _, padded in kept.fed))
+            if not parity.agrees and self._whole is not None:
+                parity = self._run_whole(parity, kept.steps, theirs, _pythonic(their_logs),
+                                         kept.logs)
         except Exception as exc:  # noqa: BLE001 - the check must never break the cell
             self._skip(_could_not("compare the first step", exc))
-
-    def _compared(self, steps: int, fed: list, setup: str, after: StepState, ours: dict,
-                  logs: dict | None, their_logs: dict, theirs: StepState, start: float
-                  ) -> None:
-        seconds = self._copy_seconds + time.perf_counter() - start
-        parity = compare(self._before, after, theirs, ours, _pythonic(their_logs), steps,
-                         self._tolerance, seconds, self._likely, setup,
-                         any(padded for _, padded in fed))
-        if not parity.agrees and self._whole is not None:
-            parity = self._run_whole(parity, steps, theirs, _pythonic(their_logs), logs)
+            return
         self.outcome = parity
         self._before = None
 
@@ -259,14 +275,11 @@ class FirstStep(keras.callbacks.Callback):
     def ended(self) -> None:
         """The fit ended (also by an error, which Keras's `on_train_end` misses; Ctrl-C and
         the panel's Stop end it at a batch, through `on_train_end`): a whole-batch run kept
-        ends with it; a comparison still waiting for its compile is made where that compile
-        is done, else skipped (a failed fit waits for no compile)."""
+        ends with it; a comparison still waiting for its compile is only possible where the
+        fit failed, which has no outcome to compare for: it is dropped, nothing waited for."""
         if self._pending is not None:
-            if self._ready is None or self._ready():
-                self._finish()
-            else:
-                self._pending = None
-                self._skip("the fit ended before its one-device step had compiled")
+            self._pending = None
+            self._skip("the fit ended before its one-device step had compiled")
         if self._kept is not None:
             self._kept.close()
             self._kept = None
