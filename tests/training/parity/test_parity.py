@@ -236,3 +236,34 @@ def test_a_comparisons_setup_is_of_the_batches_it_compares():
         key(model, [one], "8 replicas", inference=False)
     assert key(model, [one], "8 replicas", inference=False) == \
         parity_module.setup_key(model, [one], "8 replicas")
+
+
+def test_a_notebook_layer_edited_and_defined_again_is_another_setup(ip):
+    # Python before 3.13 reads no source of a class a cell defined, and the setup's key
+    # once fell back to the class's id(), which the next class object can reuse once the
+    # first is collected: a layer edited and run again took the key of the one before, and
+    # its first step went unchecked ("agreed earlier"), flakily. Now the key is the class's
+    # own code: the same for the cell run again, another once edited.
+    import gc
+
+    import keras
+
+    layer = """
+class Summed(keras.layers.Layer):
+    def call(self, inputs):
+        return keras.ops.sum(inputs, axis=-1, keepdims=True)
+"""
+
+    def key_of_cell(source):
+        ip.run_cell("import keras\n" + source)
+        model = keras.Sequential([keras.Input((8,)), ip.user_ns["Summed"]()])
+        model.compile("adam", "mse")
+        found = parity_module.setup_key(model, [(((), (64, 8), "float32"),)], "8 replicas")
+        del model
+        ip.user_ns.pop("Summed")
+        gc.collect()
+        return found
+
+    first = key_of_cell(layer)
+    assert key_of_cell(layer) == first
+    assert key_of_cell(layer.replace("ops.sum", "ops.mean")) != first

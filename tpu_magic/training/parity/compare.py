@@ -7,12 +7,14 @@ from __future__ import annotations
 import hashlib
 import inspect
 import math
+import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import keras
 import numpy as np
 
+from tpu_magic.core import record
 from tpu_magic.core.packed import MASK, WEIGHT, is_packed
 from tpu_magic.core.steps import StepState, update_of
 
@@ -325,7 +327,7 @@ def _settings(optimizer: Any) -> Any:
     try:
         return sorted((k, repr(v)) for k, v in optimizer.get_config().items() if k != "name")
     except Exception:  # noqa: BLE001 - Keras's own fit never asks for it: no error here either
-        return f"{type(optimizer).__qualname__} at {id(optimizer)}"
+        return f"{type(optimizer).__qualname__} {_identity(optimizer)}"
 
 
 def _class_key(cls: type) -> str:
@@ -336,8 +338,41 @@ def _class_key(cls: type) -> str:
         try:
             return name + ":" + hashlib.sha1(inspect.getsource(cls).encode()).hexdigest()
         except (OSError, TypeError):
-            return f"{name}:{id(cls)}"
+            return f"{name}:{_code_key(cls)}"
     return name
+
+
+def _code_key(cls: type) -> str:
+    """A notebook class's key where its source cannot be read (Python before 3.13 finds
+    no source of a class a cell defined): its own methods' compiled code and its bases, the
+    same for a cell run again, another for a class edited; a class with no code of its own
+    is this one class object alone (`_identity`)."""
+    parts = []
+    for name, value in sorted(vars(cls).items(), key=lambda item: item[0]):
+        functions = [value.fget, value.fset, value.fdel] if isinstance(value, property) \
+            else [getattr(value, "__func__", value)]
+        parts += [(name, _code_text(f.__code__)) for f in functions if hasattr(f, "__code__")]
+    if not parts:
+        return _identity(cls)
+    bases = [f"{base.__module__}.{base.__qualname__}" for base in cls.__bases__]
+    return hashlib.sha1(repr((bases, parts)).encode()).hexdigest()
+
+
+def _code_text(code: Any) -> tuple:
+    """What a code object computes: its bytecode, constants (nested code too) and names."""
+    constants = tuple(_code_text(c) if inspect.iscode(c) else repr(c) for c in code.co_consts)
+    return code.co_code.hex(), constants, code.co_names, code.co_varnames
+
+
+def _identity(obj: Any) -> str:
+    """A name for this one object, never another's (`id()` is reused once an object is
+    collected: a notebook's class edited and defined again took the key of the collected
+    one before it, and its first step went unchecked, as agreed)."""
+    found = record.kept(obj, "identity")
+    if found is None:
+        found = uuid.uuid4().hex
+        record.keep(obj, "identity", found)
+    return found
 
 
 def _loss_key(loss: Any) -> Any:
