@@ -6,6 +6,7 @@ its compiles (`jax_log_compiles`), by program and argument types. And what the c
 hold on the devices: no copy of the model's state, only the staged batches beside plain
 Keras's step (the peak of live arrays, sampled as the fit runs)."""
 
+import contextlib
 import logging
 import re
 import threading
@@ -158,7 +159,7 @@ lm_x = {"token_ids": ids[:, :-1], "padding_mask": np.ones((48, 16), bool)}
 lm_y = ids[:, 1:]
 keras.utils.set_random_seed(4)
 backbone = keras_hub.models.GemmaBackbone(vocabulary_size=1024, num_layers=2,
-    num_query_heads=4, num_key_value_heads=1, hidden_dim=32, intermediate_dim=64, head_dim=8)
+    num_query_heads=4, num_key_value_heads=1, hidden_dim=32, intermediate_dim=48, head_dim=8)
 lm = keras_hub.models.GemmaCausalLM(backbone=backbone, preprocessor=None)
 backbone.enable_lora(rank=4)
 lm.compile(optimizer=keras.optimizers.Adam(1e-3),
@@ -168,28 +169,61 @@ lm.fit(lm_x, lm_y, batch_size=8, epochs=1, verbose=0)
 """
 
 
-def test_the_checks_step_compiles_beside_the_first_step_on_a_dataset_keras_reads_later(
+def test_the_checks_step_compiles_beside_the_memory_plans_and_not_again_where_it_agreed(
         ip, monkeypatch):
     # KerasHub's task makes a grain dataset of the arrays itself, which Keras reads only
-    # after the first step's hook: the one-device step was compiled after that step, on
-    # the critical path (a small Gemma on 8 devices: the check 2.9 s of a 14.8 s cell, now
-    # 2.2 s of 12.2 s), as the input had fed nothing when the step began
+    # after the first step's hook. The check's one-device step was compiled after that
+    # step, on the critical path, then beside the steps (on a CPU, competing with them:
+    # the small Gemma on 8 devices, 9 s beside the fit against 1.9 s for the distributed
+    # step alone). Now it starts from the plan's first batch before the memory plan
+    # compiles the distributed step, the two compiles side by side; and the same cell run
+    # again, its setup agreed, compiles no one-device step (it did: the check learnt the
+    # setup only after the first step, for an input Keras reads itself)
     from tpu_magic.backends.jax import parity
+    from tpu_magic.backends.jax.loop import programs
 
-    given = []
-    ahead = parity.one_device_ahead
+    events = []
+    ahead, plan = parity.one_device_ahead, programs.Programs.abstract_train
 
-    def spied(model, before, batches):
-        given.append([np.shape(a) for a in jax_leaves(batches[0])])
-        return ahead(model, before, batches)
+    def spied(model, batch):
+        events.append(("check", [np.shape(a) for a in jax_leaves(batch)]))
+        return ahead(model, batch)
+
+    def planned(self, *args, **kwargs):
+        events.append(("plan", None))
+        return plan(self, *args, **kwargs)
 
     monkeypatch.setattr(parity, "one_device_ahead", spied)
-    report = train(ip, LORA_LM)
+    monkeypatch.setattr(programs.Programs, "abstract_train", planned)
+    with logged_compiles() as compiles:
+        report = train(ip, LORA_LM)
     assert report.parity is not None and report.parity.update_difference is not None, \
         report.parity
-    # once, from the first batch's shapes: token ids, padding mask and targets, 8 rows each
-    assert len(given) == 1 and len(given[0]) >= 3 and \
-        all(shape == (8, 16) for shape in given[0]), given
+    # before the plan, from the first batch's shapes: token ids, padding mask and targets
+    assert [kind for kind, _ in events[:2]] == ["check", "plan"], events
+    assert len(events[0][1]) >= 3 and all(shape == (8, 16) for shape in events[0][1]), events
+    # the distributed step (the plan's, run by the fit) and the one-device step, once each
+    assert [name for name, _ in compiles.found].count("train_step") == 2, compiles.found
+    with logged_compiles() as again:
+        report = train(ip, LORA_LM)
+    assert report.parity is not None and "agreed" in report.parity.why, report.parity
+    assert [name for name, _ in again.found].count("train_step") <= 1, again.found
+
+
+@contextlib.contextmanager
+def logged_compiles():
+    """JAX's log of the programs compiled inside, as `Compiles`."""
+    import jax
+
+    compiles = Compiles()
+    logger = logging.getLogger("jax")
+    logger.addHandler(compiles)
+    jax.config.update("jax_log_compiles", True)
+    try:
+        yield compiles
+    finally:
+        jax.config.update("jax_log_compiles", False)
+        logger.removeHandler(compiles)
 
 
 def jax_leaves(tree):

@@ -57,8 +57,9 @@ class Backend(Protocol):
     # a step's FLOPs are counted from a batch the model is fed (`training_flops`'s `batch`:
     # XLA's count of the lowered step); else from the layers alone, and no batch is read
     flops_from_batch: bool
-    # the first-step check's one-device step is compiled beside the first step
-    # (`one_device_ahead`, given the first batch's shapes); else where it runs
+    # the first-step check's one-device step is compiled beside (`one_device_ahead`, given
+    # the first batch's shapes: before the memory plan's compile, else the first step);
+    # else where it runs
     check_compiles_ahead: bool
 
     def connect(self, chosen: "Target", simulate: int | None, *, explicit_gpu: bool,
@@ -252,11 +253,12 @@ class Backend(Protocol):
         copy of the model outside every strategy, for a backend whose variables cannot leave
         theirs (TensorFlow's)."""
 
-    def one_device_ahead(self, model: Any, before: "StepState", batches: list
-                         ) -> "Callable[[], bool] | None":
-        """Before the fit's first step: `one_device_steps` for `before` and `batches` made
-        ready while the fit goes on; returns whether they are ready now, for the check to
-        compare where they are (a backend that cannot: nothing, None)."""
+    def one_device_ahead(self, model: Any, batch: Any) -> "Callable[[], bool] | None":
+        """Before the fit's first step (before its memory plan, where the fit is known to
+        be checked), the model built: `one_device_steps` for batches like `batch` made
+        ready while the cell goes on, once a model and batch type; returns whether they are
+        ready now, for the check to compare where they are (a backend that cannot:
+        nothing, None)."""
 
     def step_logs(self, model: Any, logs: dict) -> dict:
         """The metrics over the whole batch after a step (a callback's `logs` may hold one

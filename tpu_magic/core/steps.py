@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from tpu_magic.core.errors import KerasBuildError
+
 
 @dataclass(frozen=True)
 class StepState:
@@ -78,6 +80,21 @@ def frozen_variables(model: Any) -> set[int]:
 def layers_built(model: Any) -> bool:
     """Whether every layer of the model is built (all a `predict` step needs)."""
     return all(layer.built for layer in model._flatten_layers())
+
+
+def build(model: Any, batch: Any) -> None:
+    """What Keras's call does first, from a batch like `batch` (`Trainer._symbolic_build`):
+    the model, its compiled loss and metrics and its optimizer built, where they are not;
+    run early, once, by what plans a call before it (the memory plan, the check's step).
+
+    Raises:
+        KerasBuildError: the cell's own error, where building fails as in plain Keras (the
+            call raises it; a retry from the half-built model would raise another).
+    """
+    try:
+        model._symbolic_build(data_batch=batch)
+    except Exception as exc:  # noqa: BLE001 - the cell's own error, raised by the call
+        raise KerasBuildError(exc) from exc
 
 
 def builds_from_a_pass(model: Any) -> bool:

@@ -38,7 +38,7 @@ from tpu_magic.training.models import precision
 from tpu_magic.training.models.rewrap import (built_for, built_outside, custom_objects_from,
                                               place_model, rewrap_for_cell)
 from tpu_magic.training.models.setup import prepare, settle_traced_state
-from tpu_magic.training.parity.check import checks, fit_checks
+from tpu_magic.training.parity.check import check_ahead, checked_first, fit_checks
 from tpu_magic.training.placement import place as placement
 from tpu_magic.training.placement import sharding
 from tpu_magic.training.report import CellRecord, TrainReport
@@ -277,12 +277,13 @@ class TrainingCell:
 
     def _fit(self, model: Any, call: dict, named: set) -> Any:
         recorded = FitCall(model, dict(call), frozenset(named))
+        ahead = check_ahead(self.placement, self.agreed, self.request, self.verified)
         try:
             plan = plan_fit(self.request, self.placement, model, call, named,
                             first_batch=lambda c, *a: self._inputs(c).first_batch(*a),
                             prepare=self._prepare, resume=self.checkpoints and
                             self.checkpoints.resume, label=name_of(self.namespace, model),
-                            owners=self.layout_owners)
+                            owners=self.layout_owners, check_ahead=ahead)
         except PlanFailed as failed:  # what it found is said, then its error is the cell's
             self._notes(failed.notes)
             raise failed.error from failed.error.__cause__
@@ -316,11 +317,10 @@ class TrainingCell:
                                 self.bar if self.request.progress else None, self.view)
         saver = None if self.checkpoints is None else \
             self.checkpoints.callback(plan.seed, self.connection, plan.resume_from)
-        mesh = self.placement.mesh
-        first = self.request.verify and not self.verified and checks(self.connection, mesh)
+        first = checked_first(self.placement, self.request, self.verified)
         self.verified = self.verified or first
-        check, whole, notes = fit_checks(self.connection, mesh, plan, built, first,
-                                         self.agreed, self._calls().one_device_copy)
+        check, whole, notes = fit_checks(self.connection, self.placement.mesh, plan, built,
+                                         first, self.agreed, self._calls().one_device_copy)
         self._notes((note, "note: ") for note in notes)
         return FitHooks(progress, saver, check, self.stop_event, self.request.progress,
                         whole=whole)

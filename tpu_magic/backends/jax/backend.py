@@ -173,9 +173,8 @@ class JaxBackend(Named):
                          one_device_copy: Callable[[], Any]) -> tuple[dict, StepState]:
         return parity.one_device_steps(model, before, batches)
 
-    def one_device_ahead(self, model: Any, before: StepState, batches: list
-                         ) -> Callable[[], bool]:
-        return parity.one_device_ahead(model, before, batches)
+    def one_device_ahead(self, model: Any, batch: Any) -> Callable[[], bool]:
+        return parity.one_device_ahead(model, batch)
 
     def step_logs(self, model: Any, logs: dict) -> dict:
         return dict(logs or {})  # a step sees the global batch: its logs are the batch's

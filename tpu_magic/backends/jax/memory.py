@@ -13,10 +13,9 @@ from tpu_magic.backends.jax.loop.programs import programs_of
 from tpu_magic.backends.jax.loop.reading import batch_spec
 from tpu_magic.backends.jax.placement import layout_owners
 from tpu_magic.core.deps import require_jax
-from tpu_magic.core.errors import KerasBuildError
 from tpu_magic.core.devices import StepMemory
 from tpu_magic.core.session import Connection
-from tpu_magic.core.steps import StepForm, state_groups
+from tpu_magic.core.steps import StepForm, build, state_groups
 
 
 def step_memory(model: Any, batch: Any, connection: Connection | None = None,
@@ -27,10 +26,7 @@ def step_memory(model: Any, batch: Any, connection: Connection | None = None,
     nothing is allocated), donating the state as Keras does, and reads XLA's memory
     analysis of one device. `bf16`: as if its floating-point variables were bfloat16 (a
     plan of what `--precision bf16` would save)."""
-    try:  # what fit does first: loss, metrics, optimizer
-        model._symbolic_build(data_batch=batch)
-    except Exception as exc:  # noqa: BLE001 - the cell's own error, raised by the call
-        raise KerasBuildError(exc) from exc
+    build(model, batch)  # what fit does first: loss, metrics, optimizer
     if connection is None:
         return _step_memory(model, batch, None, form, bf16)
     with connection.strategy.scope():

@@ -1,12 +1,15 @@
 """The first-step parity check on JAX: the model's state as host arrays, and the same steps
 (or inference) on one device with no distribution in force.
 
-The one-device step is traced before the fit's first step and compiled on a thread of its
-own while that step compiles and runs (`one_device_ahead`, `beside`), so the check adds its
-run, not its compile, to the first step; the step run after is that compiled program (kept
-in the model's record). It holds one copy of the model's state on that device beside the
-model's own: the copy it is given is donated to the step, whose new state takes its place
-(the non-trainable values stay: a frozen layer's are the model's own buffers there)."""
+The one-device step is traced and compiled on a thread of its own (`one_device_ahead`,
+`beside`) as early as its shapes are known: before the memory plan compiles the
+distributed step, where the fit is known to be checked (the two compiles side by side), or
+else before the fit's first step; once a model and batch type (a second ask for the same
+types finds it). The check then adds its run, not its compile, to the first step; the step
+run after is that compiled program (kept in the model's record). It holds one copy of the
+model's state on that device beside the model's own: the copy it is given is donated to
+the step, whose new state takes its place (the non-trainable values stay: a frozen layer's
+are the model's own buffers there)."""
 
 from __future__ import annotations
 
@@ -29,38 +32,43 @@ def step_state(model: Any) -> StepState:
                        for variables, arrays in zip(state_groups(model), live)))
 
 
-def one_device_ahead(model: Any, before: StepState, batches: list) -> Callable[[], bool]:
-    """The one-device step `one_device_steps` will run, traced now (with no distribution in
-    force, from the shapes of `before` and of the first of `batches`: every batch of an
-    execution has them) and compiled on a thread of its own while the fit goes on. Returns
-    a callable telling whether that compile is done (the check compares once it is, not
+def one_device_ahead(model: Any, batch: Any) -> Callable[[], bool]:
+    """The one-device step `one_device_steps` will run for batches like `batch`, traced now
+    (with no distribution in force, from the model's state as it is: a step's state has its
+    shapes) and compiled on a thread of its own while the cell goes on; once a model and
+    batch type (asked again for the same types, the compile already started). Returns a
+    callable telling whether that compile is done (the check compares once it is, not
     waiting for it)."""
     import keras
 
     jax = require_jax()
-    device = jax.local_devices()[0]
-    one = jax.sharding.SingleDeviceSharding(device)
-    live = _live_state(model)
-    state = tuple([jax.ShapeDtypeStruct(np.shape(a), np.asarray(h).dtype if h is not None
-                                        else a.dtype, sharding=one)
-                   for h, a in zip(host, arrays)]
-                  for host, arrays in zip(before.groups, live))
-    batch = jax.tree_util.tree_map(
-        lambda a: jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype, sharding=one),
-        batches[0])
-    distribution = keras.distribution.distribution()
-    keras.distribution.set_distribution(None)
-    try:
-        lowered = _reference_step(model).program.lower(*state, batch)
-    finally:
-        keras.distribution.set_distribution(distribution)
-    reference = _reference_step(model)
-    reference.compile_ahead(model, lowered)
-    return reference.compiled
+    one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    state = tuple([jax.ShapeDtypeStruct(np.shape(a), a.dtype, sharding=one) for a in arrays]
+                  for arrays in _live_state(model))
+    data = jax.tree_util.tree_map(  # the types JAX takes (NumPy's int64 labels as int32)
+        lambda a: jax.ShapeDtypeStruct(np.shape(a), jax.dtypes.canonicalize_dtype(
+            a.dtype if hasattr(a, "dtype") else np.asarray(a).dtype), sharding=one), batch)
+    reference, types = _reference_step(model), _types(state, data)
+    if not reference.started(types):
+        distribution = keras.distribution.distribution()
+        keras.distribution.set_distribution(None)
+        try:
+            lowered = reference.program.lower(*state, data)
+        finally:
+            keras.distribution.set_distribution(distribution)
+        reference.compile_ahead(model, lowered, types)
+    return lambda: reference.ready(types)
+
+
+# XLA:CPU's LLVM passes at their lowest: the check's step runs once, and on CPU devices (a
+# rehearsal, where its compile takes the cores the steps run on) optimizing its code costs
+# more than it saves (docs/benchmarks.md); its numbers differ by rounding alone
+CPU_OPTIONS = {"xla_backend_optimization_level": 0}
 
 
 class _Reference:
-    """The check's one-device step for one model: jitted once, compiled ahead where asked."""
+    """The check's one-device step for one model: jitted once; compiled ahead for the
+    types asked (the state's and a batch's), each on a thread of its own."""
 
     def __init__(self, model: Any) -> None:
         def train_step(trainable: Any, fixed: Any, slots: Any, metrics: Any, batch: Any
@@ -69,21 +77,40 @@ class _Reference:
 
         # the trainable values, the optimizer's and the metrics' are the check's own copies
         self.program = require_jax().jit(train_step, donate_argnums=(0, 2, 3))
-        self._ahead: Beside | None = None
+        self._ahead: dict[Any, Beside] = {}  # types -> its compile, started
+        self._compiled: dict[Any, Any] = {}  # types -> its executable, once compiled
 
-    def compile_ahead(self, model: Any, lowered: Any) -> None:
-        self._ahead = Beside(model, lowered.compile)
+    def started(self, types: Any) -> bool:
+        return types in self._ahead
 
-    def compiled(self) -> bool:
-        """Whether `ready` would return at once (no compile ahead left to wait for)."""
-        return self._ahead is None or self._ahead.done()
+    def compile_ahead(self, model: Any, lowered: Any, types: Any) -> None:
+        on_cpu = require_jax().default_backend() == "cpu"
 
-    def ready(self) -> Any:
-        """The program, its compile ahead (if any) waited for."""
-        if self._ahead is not None:
-            self._ahead.wait()
-            self._ahead = None
-        return self.program
+        def compile_it() -> None:
+            self._compiled[types] = lowered.compile(CPU_OPTIONS if on_cpu else None)
+
+        self._ahead[types] = Beside(model, compile_it)
+
+    def ready(self, types: Any) -> bool:
+        """Whether `step` would return at once for these types (nothing left to compile
+        that was started)."""
+        found = self._ahead.get(types)
+        return found is None or found.done()
+
+    def step(self, types: Any) -> Callable[..., Any]:
+        """The program for these types: compiled ahead (waited for), else the jitted one
+        (compiled where it first runs)."""
+        found = self._ahead.get(types)
+        if found is not None:
+            found.wait()
+        return self._compiled.get(types, self.program)
+
+
+def _types(state: Any, data: Any) -> tuple:
+    """The state's and a batch's types, as a program is compiled for them."""
+    jax = require_jax()
+    leaves, tree = jax.tree_util.tree_flatten((state, data))
+    return tree, tuple((tuple(a.shape), jax.dtypes.canonicalize_dtype(a.dtype)) for a in leaves)
 
 
 def _reference_step(model: Any) -> _Reference:
@@ -106,13 +133,19 @@ def one_device_steps(model: Any, before: StepState, batches: list) -> tuple[dict
     state = tuple([jax.device_put(h, device) if h is not None else _on_device(a, device)
                    for h, a in zip(host, arrays)]
                   for host, arrays in zip(before.groups, live))
+    reference = _reference_step(model)
     distribution = keras.distribution.distribution()
     keras.distribution.set_distribution(None)
     try:
-        step = _reference_step(model).ready()
         logs: Any = {}
         for batch in batches:
-            logs, state = step(*state, jax.device_put(batch, device))
+            data = jax.device_put(batch, device)
+            step = reference.step(_types(state, data))
+            try:
+                logs, state = step(*state, data)
+            except TypeError:  # an executable takes its types exactly (a weak type, a
+                # layout): the jitted program takes what the check has, nothing donated yet
+                logs, state = reference.program(*state, data)
     finally:
         keras.distribution.set_distribution(distribution)
     after = StepState(*(tuple(None if h is None else host_copy(a)

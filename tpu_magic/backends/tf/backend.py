@@ -146,7 +146,7 @@ class TensorFlowBackend(Named):
                          one_device_copy: Callable[[], Any]) -> tuple[dict, StepState]:
         return parity.one_device_steps(model, before, batches, one_device_copy)
 
-    def one_device_ahead(self, model: Any, before: StepState, batches: list) -> None:
+    def one_device_ahead(self, model: Any, batch: Any) -> None:
         return None  # a copy of the model is built and traced where it runs
 
     def step_logs(self, model: Any, logs: dict) -> dict:

@@ -9,6 +9,7 @@ the plan (`inputs.build`), and the fit runs (`fit.run`).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
@@ -101,19 +102,24 @@ class PlanFailed(Exception):
 # ResumePoint`: its checkpoint, None for the start, and its `notes`), or None: no --resume
 Resume = Callable[[Any, int, Any], Any]
 Prepare = Callable[[Any], list]  # model -> the notes of the settings it put on the model
+# (model, the fit's first batch when asked) -> None: the check's one-device step started
+CheckAhead = Callable[[Any, Callable[[], Any]], None]
 
 
 def plan_fit(request: TrainRequest, placement: Placement, model: Any,
              call: Mapping[str, Any], named: set, *, first_batch: Callable[..., Any],
              prepare: Prepare, resume: Resume | None, label: str | None = None,
-             owners: Owners | None = None) -> FitPlan:
+             owners: Owners | None = None, check_ahead: CheckAhead | None = None
+             ) -> FitPlan:
     """Plans a `fit`: its batch, the model's settings (`prepare`, which returns its notes),
     the placement settled from its first batch (`first_batch(connection, model, call,
-    batch)`, built from the arrays or read safely from a dataset, never a pipeline),
-    `--scale-lr`, and where it resumes (`resume`: the checkpoint `--resume` continues from,
-    and its data order's seed; None, or nothing to resume: from the start, with a new seed).
-    What it finds to say is in the plan's `notes`, for the caller to say; nothing is said
-    from here.
+    batch)`, built from the arrays or read safely from a dataset, never a pipeline, read
+    once), `--scale-lr`, and where it resumes (`resume`: the checkpoint `--resume` continues
+    from, and its data order's seed; None, or nothing to resume: from the start, with a new
+    seed). `check_ahead`: where the fit will be checked, what starts the check's one-device
+    step from that first batch before the placement is settled (`parity.check.check_ahead`:
+    its compile beside the memory plan's). What it finds to say is in the plan's `notes`,
+    for the caller to say; nothing is said from here.
 
     Raises:
         PlanFailed: the `error` below, with the notes found before it:
@@ -131,9 +137,8 @@ def plan_fit(request: TrainRequest, placement: Placement, model: Any,
         batch = planning.plan_call("fit", model, call, named, placement.connection,
                                    request.batch, label=label)
         notes += [(text, "note: ") for text in prepare(model)]
-        settled, said = _settled(placement, request, model,
-                                 lambda: first_batch(placement.connection, model, call, batch),
-                                 owners)
+        first = functools.cache(lambda: first_batch(placement.connection, model, call, batch))
+        settled, said = _settled(placement, request, model, first, owners, check_ahead)
         notes += said
         if settled.connection is not placement.connection:  # --shard auto laid out a mesh
             batch = _over_the_mesh(request, settled, model, call, named)
@@ -151,12 +156,15 @@ def plan_fit(request: TrainRequest, placement: Placement, model: Any,
 
 
 def _settled(placement: Placement, request: TrainRequest, model: Any,
-             first_batch: Callable[[], Any], owners: Owners | None
-             ) -> tuple[Placement, list[tuple[str, str]]]:
-    """`placement.settle`, and its notes (what the plan's step form changes); where the plan
-    itself fails (not a refusal: the step will not fit), the placement as it is, and a note:
-    the memory plan adds a note, never an error."""
+             first_batch: Callable[[], Any], owners: Owners | None,
+             check_ahead: CheckAhead | None = None) -> tuple[Placement, list[tuple[str, str]]]:
+    """`placement.settle` (the check's step started first, where asked), and its notes
+    (what the plan's step form changes); where the plan itself fails (not a refusal: the
+    step will not fit), the placement as it is, and a note: the memory plan adds a note,
+    never an error."""
     try:
+        if check_ahead is not None:
+            check_ahead(model, first_batch)
         settled = settle(placement, request, model, first_batch, owners)
         return settled, [(text, "note: ") for text in settled.form_notes]
     except MemoryPlanError:

@@ -68,11 +68,11 @@ class FirstStep(keras.callbacks.Callback):
         whole: makes the means to run the fit with every replica computing the whole batch
             (the backend's `whole_batch`, or None where it cannot), tried where the split
             steps differ; None: not tried.
-        ahead: (model, the state before, the first execution's batches) makes the
-            one-device steps ready while the first step compiles (the backend's
-            `one_device_ahead`), returning whether they are ready now (a callable; None:
-            ready when run); None: nothing ahead.
-        first_steps: the first execution's steps (the batches `ahead` is given).
+        ahead: (model, a batch of the first execution) makes the one-device steps ready
+            while the fit goes on (the backend's `one_device_ahead`: where it was started
+            before the memory plan, found again), returning whether they are ready now (a
+            callable; None: ready when run); None: nothing ahead.
+        first_steps: the first execution's steps.
         first_fed: the fit's first batch as fed, where it can be read before Keras reads
             it (`FitPlan.first`; None: not): `ahead`'s shapes where the input has fed
             nothing yet when the first step begins (a user's dataset, read by Keras after
@@ -104,7 +104,7 @@ class FirstStep(keras.callbacks.Callback):
                  step_logs: Callable[[Any, dict], dict] = lambda model, logs: dict(logs or {}),
                  setup_before: str | None = None,
                  whole: Callable[[], Any] | None = None,
-                 ahead: Callable[[Any, StepState, list], None] | None = None,
+                 ahead: Callable[[Any, Any], Callable[[], bool] | None] | None = None,
                  first_steps: int = 1, first_fed: Callable[[], Any] | None = None):
         super().__init__()
         self._ahead, self._first_steps, self._first_fed = ahead, first_steps, first_fed
@@ -155,9 +155,8 @@ class FirstStep(keras.callbacks.Callback):
             if len(batches) < self._first_steps and self._first_fed is not None:
                 first = self._first_fed()  # the shapes, before the input has fed it
                 batches = [first] if first is not None else []
-            if batches:
-                self._ready = self._ahead(self.model, self._before,
-                                          [real_rows(b)[0] for b in batches])
+            if batches:  # every batch of an execution has the first's shapes
+                self._ready = self._ahead(self.model, real_rows(batches[0])[0])
         self._held += time.perf_counter() - start
 
     def _compiled(self) -> bool:

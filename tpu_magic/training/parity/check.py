@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from tpu_magic.core.arrays import batch_shapes
 from tpu_magic.core.session import Connection
+from tpu_magic.core.steps import build
 from tpu_magic.training.inputs import exactness
 from tpu_magic.training.parity.callback import FirstStep, WholeBatchRun
 from tpu_magic.training.parity.compare import (LOW_PRECISION_TOLERANCE, TOLERANCE,
@@ -92,9 +94,9 @@ def _check(connection: Connection, mesh: Any, plan: Any, built: Any, agreed: fro
         with exactness.suspended(m):
             return backend.one_device_steps(m, before, batches, one_device_copy(m))
 
-    def ahead(m: Any, before: Any, batches: list) -> Callable[[], bool] | None:
+    def ahead(m: Any, batch: Any) -> Callable[[], bool] | None:
         with exactness.suspended(m):
-            return backend.one_device_ahead(m, before, batches)
+            return backend.one_device_ahead(m, batch)
 
     def inference(m: Any, fed: Any, real: Any) -> Any:
         ours = backend.distributed_inference(m, fed)
@@ -104,8 +106,9 @@ def _check(connection: Connection, mesh: Any, plan: Any, built: Any, agreed: fro
             return ours, backend.one_device_inference(m, real, one_device_copy(m))
 
     where = _where(connection, mesh)
-    before = (setup_before(model, built.shapes, where, draws, plan.steps.k)
-              if built.shapes is not None and agreed else None)
+    shapes = _shapes_before(built, plan)
+    before = (setup_before(model, shapes, where, draws, plan.steps.k)
+              if shapes is not None and agreed else None)
     # a replica's own BatchNorm statistics are what several replicas mean (and what
     # `synchronized=True` changes): that difference is said, not run away from
     norms = [] if global_batch else per_replica_norms(model)
@@ -116,6 +119,61 @@ def _check(connection: Connection, mesh: Any, plan: Any, built: Any, agreed: fro
                      lambda: backend.whole_batch(model, built.call),
                      ahead=ahead if backend.check_compiles_ahead else None,
                      first_steps=plan.steps.k, first_fed=plan.first)
+
+
+def _shapes_before(built: Any, plan: Any) -> Callable[[int], list] | None:
+    """The shapes of a fit's first `n` batches as fed, told before it reads (`setup_before`
+    takes them): tpu_magic's own pipeline's, else those of the plan's first batch as fed
+    (an input Keras reads itself: every batch of the first execution has its shapes);
+    None where neither is known."""
+    if built.shapes is not None:
+        return built.shapes
+    try:
+        first = plan.first()
+    except Exception:  # noqa: BLE001 - the check must never break the cell
+        return None
+    return None if first is None else lambda n: [batch_shapes(first)] * n
+
+
+def checked_first(placement: Any, request: Any, verified: bool) -> bool:
+    """Whether a fit on `placement` is the cell's first checked one: `request`'s `--verify`
+    on, no fit of the cell `verified` yet, and something to compare (`checks`)."""
+    return bool(request.verify) and not verified and checks(placement.connection,
+                                                            placement.mesh)
+
+
+def check_ahead(placement: Any, agreed: frozenset, request: Any, verified: bool
+                ) -> Callable[[Any, Callable[[], Any]], None] | None:
+    """Where the fit about to be planned is the cell's first checked one (`checked_first`;
+    `placement` settled, on a backend that compiles the check's one-device step ahead):
+    what starts that compile from the fit's first batch (`first()`), before the memory
+    plan compiles the distributed step, so the two compile side by side, not the check's
+    beside the steps; nothing where the batch's setup agreed earlier (`agreed`: no
+    comparison, nothing to compile). None where the fit is not checked so."""
+    connection, mesh, steps = placement.connection, placement.mesh, request.steps_per_execution
+    backend = connection.backend
+    if not (checked_first(placement, request, verified) and backend.check_compiles_ahead and
+            placement.settled) or connection.target.startswith("hosts:"):
+        return None
+    where = _where(connection, mesh)
+
+    def ahead(model: Any, first: Callable[[], Any]) -> None:
+        try:
+            batch = first()
+            k = steps or max(int(getattr(model, "steps_per_execution", 1) or 1), 1)
+            if batch is None or setup_before(model, lambda n: [batch_shapes(batch)] * n,
+                                             where, None, k) in agreed:
+                return
+        except Exception:  # noqa: BLE001 - the check must never break the cell
+            return
+        build(model, batch)  # as the plan would next (its error is the cell's: raised)
+        try:
+            with exactness.suspended(model):
+                backend.one_device_ahead(model, batch)
+        except Exception:  # noqa: BLE001 - the check must never break the cell: where this
+            pass  # fails, its step is made ready at the first step, as without it
+
+    return ahead
 
 
 def _where(connection: Connection, mesh: Any) -> str:
