@@ -14,7 +14,16 @@ its end, builds its model, compiles it, fits it and predicts, as a notebook's do
   128, Dropout, Dense 10), 8,192 rows, batch 128, 2 epochs, validation, predict;
 - gemma: a KerasHub `GemmaCausalLM` from a small config (4 layers, width 256, 8,192-word
   vocabulary), LoRA rank 4 built in the cell, 32 steps of 8 x 128 tokens, one epoch;
-- gemma2b: the same at Gemma-2B's shapes (18 layers, width 2,048, 8 heads of 256, one
+- convnet: keras-io's "Simple MNIST convnet" (examples/vision/mnist_convnet.py) as written
+  (Conv 32, pool, Conv 64, pool, Flatten, Dropout 0.5, Dense 10; one-hot labels, batch 128,
+  `validation_split=0.1`), on 12,000 MNIST-shaped rows (offline random pixels) for 1 epoch;
+- bilstm: keras-io's "Bidirectional LSTM on IMDB" (examples/nlp/bidirectional_lstm_imdb.py):
+  Embedding 20,000 x 128, two bidirectional LSTMs of 64, batch 32, validation data; 2,048
+  reviews of 200 tokens (random ids) for 1 epoch, 512 for validation;
+- bert: a KerasHub `BertTextClassifier` from a small config (2 layers, width 128, 4 heads,
+  vocabulary 8,192), as its task compiles itself (no `compile` call), 512 sequences of 128
+  tokens, batch 16, one epoch, then a predict;
+- gemma2b: the same as gemma at Gemma-2B's shapes (18 layers, width 2,048, 8 heads of 256, one
   key-value head, feed-forward 16,384, 256,000-word vocabulary; random weights, float32),
   LoRA rank 4, 8 steps of 4 x 512 tokens: for an accelerator (`--devices 0`).
 
@@ -71,6 +80,28 @@ tokens = rng.integers(1, 8192, (256, 129)).astype("int32")
 x_train = {"token_ids": tokens[:, :-1], "padding_mask": np.ones((256, 128), bool)}
 y_train = tokens[:, 1:]
 """,
+    "convnet": """
+rng = np.random.default_rng(0)
+x_train = rng.random((12000, 28, 28, 1), dtype=np.float32)
+y_train = keras.utils.to_categorical(rng.integers(0, 10, 12000), 10)
+x_test = x_train[:2000]
+""",
+    "bilstm": """
+rng = np.random.default_rng(0)
+x_train = rng.integers(0, 20000, (2048, 200))
+y_train = rng.integers(0, 2, 2048)
+x_val, y_val = rng.integers(0, 20000, (512, 200)), rng.integers(0, 2, 512)
+x_test = x_val
+""",
+    "bert": """
+import keras_hub
+rng = np.random.default_rng(0)
+x_train = {"token_ids": rng.integers(1, 8192, (512, 128)).astype("int32"),
+           "segment_ids": np.zeros((512, 128), "int32"),
+           "padding_mask": np.ones((512, 128), bool)}
+y_train = rng.integers(0, 2, 512)
+x_test = {key: value[:64] for key, value in x_train.items()}
+""",
     "gemma2b": """
 import keras_hub
 rng = np.random.default_rng(0)
@@ -114,6 +145,40 @@ model.compile(optimizer=keras.optimizers.Adam(1e-3),
               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
               weighted_metrics=[keras.metrics.SparseCategoricalAccuracy()])
 model.fit(x_train, y_train, batch_size=8, epochs=1, verbose=0)
+""",
+    "convnet": """
+layers = keras.layers
+model = keras.Sequential([keras.Input(shape=(28, 28, 1)),
+                          layers.Conv2D(32, kernel_size=(3, 3), activation="relu"),
+                          layers.MaxPooling2D(pool_size=(2, 2)),
+                          layers.Conv2D(64, kernel_size=(3, 3), activation="relu"),
+                          layers.MaxPooling2D(pool_size=(2, 2)), layers.Flatten(),
+                          layers.Dropout(0.5), layers.Dense(10, activation="softmax")])
+model.compile(loss="categorical_crossentropy", optimizer="adam", metrics=["accuracy"])
+model.fit(x_train, y_train, batch_size=128, epochs=1, validation_split=0.1, verbose=0)
+model.predict(x_test[:6], verbose=0)
+""",
+    "bilstm": """
+layers = keras.layers
+inputs = keras.Input(shape=(None,), dtype="int32")
+x = layers.Embedding(20000, 128)(inputs)
+x = layers.Bidirectional(layers.LSTM(64, return_sequences=True))(x)
+x = layers.Bidirectional(layers.LSTM(64))(x)
+outputs = layers.Dense(1, activation="sigmoid")(x)
+model = keras.Model(inputs, outputs)
+model.compile("adam", "binary_crossentropy", metrics=["accuracy"])
+model.fit(x_train, y_train, batch_size=32, epochs=1, validation_data=(x_val, y_val),
+          verbose=0)
+model.predict(x_test[:6], verbose=0)
+""",
+    "bert": """
+backbone = keras_hub.models.BertBackbone(
+    vocabulary_size=8192, num_layers=2, num_heads=4, hidden_dim=128, intermediate_dim=256,
+    max_sequence_length=128)
+model = keras_hub.models.BertTextClassifier(backbone=backbone, num_classes=2,
+                                            preprocessor=None)
+model.fit(x_train, y_train, batch_size=16, epochs=1, verbose=0)
+model.predict({key: value[:6] for key, value in x_test.items()}, verbose=0)
 """,
     "gemma2b": """
 backbone = keras_hub.models.GemmaBackbone(
@@ -200,7 +265,7 @@ def child(args) -> None:
     keras.utils.set_random_seed(0)
     cell = CELL[args.cell]
     if args.devices > 1:  # plain Keras splits a batch over the devices only where they divide it
-        cell = cell.replace("x_test[:6]", f"x_test[:{args.devices}]")
+        cell = cell.replace("[:6]", f"[:{args.devices}]")
     cells = []
     for _ in range(1 if args.phase == "restart" else 2):
         with PeakArrays() as peak:

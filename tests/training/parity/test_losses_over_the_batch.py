@@ -151,5 +151,5 @@ def test_a_first_step_that_agrees_split_stays_split(sim8):
     # the guide's model with its loss written as a mean, as docs/limits.md advises
     plain, ours, report = both(sim8, GUIDE_DATA.replace("ops.sum(inputs)", "ops.mean(inputs)"),
                                GUIDE.replace("epochs=2", "epochs=1"))
-    assert report.parity.agrees
+    assert report.parity is not None and report.parity.agrees, report.summary()
     same_history(plain, ours, tolerance=EXACT)
