@@ -44,7 +44,10 @@ def test_load_ext_is_light_and_repeatable():
                          check=True, timeout=60)
     found = json.loads(out.stdout.strip().splitlines()[-1])
     assert found["heavy"] == []
-    assert found["seconds"] < 0.05
+    # a bound that importing any framework breaks (Keras alone takes seconds), not a timing:
+    # 0.03 s here warm, 0.05-0.06 s cold in a fresh clone (no bytecode written), which the
+    # old bound of 0.05 s failed once in CI's first test
+    assert found["seconds"] < 0.5
     assert found["registered"] and found["unloaded"] and found["again"]
 
 
