@@ -151,6 +151,41 @@ def test_a_fit_holds_plain_keras_state_and_step_and_only_its_staged_batches_besi
         (checked.peak, plain.peak, report.execution.k)
 
 
+# a frozen base (4.2 MB) under a small trainable head, as a LoRA fine-tune has: the check's
+# one-device step reads the base from the model's own buffers on the first device
+FROZEN = """
+keras.utils.set_random_seed(6)
+base = keras.Sequential([keras.Input((512,)), keras.layers.Dense(1024, activation="relu"),
+                         keras.layers.Dense(512, activation="relu")])
+base.trainable = False
+tuned = keras.Sequential([base, keras.layers.Dense(10)])
+tuned.compile(keras.optimizers.Adam(1e-3),
+              keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+history = tuned.fit(rows, labels, batch_size=512, epochs=1, verbose=0)
+"""
+
+
+def test_the_checks_step_holds_no_second_copy_of_a_frozen_base(ip):
+    # Its step returned every non-trainable value, and a frozen layer's weights came back
+    # as new buffers: a second copy of the whole base on that device (the small Gemma LoRA
+    # cell on 8 devices: 1.72x plain Keras's peak); now it returns nothing for them
+    from support.same import imports, plainly
+
+    with LiveArrays() as plain:
+        plainly(ROWS, FROZEN, data_parallel=True)
+    frozen = 4 * (512 * 1024 + 1024 + 1024 * 512 + 512)
+    head = 3 * 4 * (512 * 10 + 10)  # its weights and Adam's two slots
+    assert plain.peak > 8 * frozen, (plain.peak, frozen)
+    ip.run_cell(imports() + ROWS)
+    with LiveArrays() as checked:
+        report = train(ip, FROZEN)
+    assert "the same as on one device (distributed vs one device" in report.summary(), \
+        report.summary()
+    staged = 2 * report.execution.k * 512 * (512 + 1) * 4
+    assert checked.peak <= plain.peak + head + staged + 0.25 * frozen, \
+        (checked.peak, plain.peak, report.execution.k)
+
+
 LORA_LM = """
 import keras_hub
 rs = np.random.RandomState(3)

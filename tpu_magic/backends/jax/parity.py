@@ -8,8 +8,10 @@ else before the fit's first step; once a model and batch type (a second ask for 
 types finds it). The check then adds its run, not its compile, to the first step; the step
 run after is that compiled program (kept in the model's record). It holds one copy of the
 model's state on that device beside the model's own: the copy it is given is donated to
-the step, whose new state takes its place (the non-trainable values stay: a frozen layer's
-are the model's own buffers there)."""
+the step, whose new state takes its place. A frozen layer's weights are not copied: the
+step reads the model's own buffers there and returns nothing for them (returned, they
+would be new buffers: a second copy of every frozen weight on that device, a LoRA
+model's whole base; docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -48,12 +50,14 @@ def one_device_ahead(model: Any, batch: Any) -> Callable[[], bool]:
     data = jax.tree_util.tree_map(  # the types JAX takes (NumPy's int64 labels as int32)
         lambda a: jax.ShapeDtypeStruct(np.shape(a), jax.dtypes.canonicalize_dtype(
             a.dtype if hasattr(a, "dtype") else np.asarray(a).dtype), sharding=one), batch)
-    reference, types = _reference_step(model), _types(state, data)
+    frozen = frozen_variables(model)
+    kept = tuple(id(v) not in frozen for v in state_groups(model)[1])
+    reference, types = _reference_step(model), _types(kept, state, data)
     if not reference.started(types):
         distribution = keras.distribution.distribution()
         keras.distribution.set_distribution(None)
         try:
-            lowered = reference.program.lower(*state, data)
+            lowered = reference.program(kept).lower(*state, data)
         finally:
             keras.distribution.set_distribution(distribution)
         reference.compile_ahead(model, lowered, types)
@@ -71,14 +75,30 @@ class _Reference:
     types asked (the state's and a batch's), each on a thread of its own."""
 
     def __init__(self, model: Any) -> None:
-        def train_step(trainable: Any, fixed: Any, slots: Any, metrics: Any, batch: Any
-                       ) -> Any:
-            return model.train_step((trainable, fixed, slots, metrics), batch)
-
-        # the trainable values, the optimizer's and the metrics' are the check's own copies
-        self.program = require_jax().jit(train_step, donate_argnums=(0, 2, 3))
+        self._model = model
+        self._programs: dict[tuple, Any] = {}  # which non-trainable values kept -> jitted
         self._ahead: dict[Any, Beside] = {}  # types -> its compile, started
         self._compiled: dict[Any, Any] = {}  # types -> its executable, once compiled
+
+    def program(self, kept: tuple) -> Any:
+        """Keras's train step, jitted, returning the non-trainable values `kept` marks
+        (True) and nothing for the others (a frozen layer's weights, which no step
+        changes): the caller puts the ones it gave back (`_restored`)."""
+        found = self._programs.get(kept)
+        if found is None:
+            model = self._model
+
+            def train_step(trainable: Any, fixed: Any, slots: Any, metrics: Any,
+                           batch: Any) -> Any:
+                logs, (trainable, fixed, slots, metrics) = model.train_step(
+                    (trainable, fixed, slots, metrics), batch)
+                changed = [value for value, keep in zip(fixed, kept) if keep]
+                return logs, (trainable, changed, slots, metrics)
+
+            # the trainable values, the optimizer's and the metrics' are the check's copies
+            found = self._programs[kept] = require_jax().jit(train_step,
+                                                             donate_argnums=(0, 2, 3))
+        return found
 
     def started(self, types: Any) -> bool:
         return types in self._ahead
@@ -103,14 +123,23 @@ class _Reference:
         found = self._ahead.get(types)
         if found is not None:
             found.wait()
-        return self._compiled.get(types, self.program)
+        return self._compiled.get(types, self.program(types[0]))
 
 
-def _types(state: Any, data: Any) -> tuple:
-    """The state's and a batch's types, as a program is compiled for them."""
+def _types(kept: tuple, state: Any, data: Any) -> tuple:
+    """A program's types: which non-trainable values it returns (`_Reference.program`),
+    the state's and a batch's types."""
     jax = require_jax()
     leaves, tree = jax.tree_util.tree_flatten((state, data))
-    return tree, tuple((tuple(a.shape), jax.dtypes.canonicalize_dtype(a.dtype)) for a in leaves)
+    return kept, tree, tuple((tuple(a.shape), jax.dtypes.canonicalize_dtype(a.dtype))
+                             for a in leaves)
+
+
+def _restored(fixed: list, changed: list, kept: tuple) -> list:
+    """The non-trainable values after a step: those it returned (`changed`, where `kept`),
+    and the ones it was given where it returned nothing (a frozen layer's)."""
+    returned = iter(changed)
+    return [next(returned) if keep else given for given, keep in zip(fixed, kept)]
 
 
 def _reference_step(model: Any) -> _Reference:
@@ -134,18 +163,20 @@ def one_device_steps(model: Any, before: StepState, batches: list) -> tuple[dict
                    for h, a in zip(host, arrays)]
                   for host, arrays in zip(before.groups, live))
     reference = _reference_step(model)
+    kept = tuple(h is not None for h in before.non_trainable)
     distribution = keras.distribution.distribution()
     keras.distribution.set_distribution(None)
     try:
         logs: Any = {}
         for batch in batches:
             data = jax.device_put(batch, device)
-            step = reference.step(_types(state, data))
+            step = reference.step(_types(kept, state, data))
             try:
-                logs, state = step(*state, data)
+                logs, out = step(*state, data)
             except TypeError:  # an executable takes its types exactly (a weak type, a
                 # layout): the jitted program takes what the check has, nothing donated yet
-                logs, state = reference.program(*state, data)
+                logs, out = reference.program(kept)(*state, data)
+            state = (out[0], _restored(state[1], out[1], kept), out[2], out[3])
     finally:
         keras.distribution.set_distribution(distribution)
     after = StepState(*(tuple(None if h is None else host_copy(a)
