@@ -186,6 +186,55 @@ def test_the_checks_step_holds_no_second_copy_of_a_frozen_base(ip):
         (checked.peak, plain.peak, report.execution.k)
 
 
+# activations dwarf the state: 8,192 rows through two layers of 512 (the state 4.8 MB, the
+# step's temporaries for the whole batch on one device 84 MB, a device's share 10.5 MB;
+# XLA:CPU reports next to none under 1,024 rows)
+ACTIVE = """
+many = np.random.RandomState(2).rand(16384, 512).astype("float32")
+kinds = np.random.RandomState(3).randint(0, 10, 16384)
+keras.utils.set_random_seed(7)
+deep = keras.Sequential([keras.Input((512,)), keras.layers.Dense(512, activation="relu"),
+                         keras.layers.Dense(512, activation="relu"), keras.layers.Dense(10)])
+deep.compile(keras.optimizers.Adam(1e-3),
+             keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+history = deep.fit(many, kinds, batch_size=8192, epochs=1, verbose=0)
+"""
+
+
+def test_the_checks_step_holds_a_devices_share_of_the_activations_not_the_whole_batchs(ip):
+    # The check ran the global batch on one device: on 8 chips, 8 times a device's
+    # activations beside the model's state there, so a step the memory plan fits to a
+    # device split could not be checked (out of memory). Now its step runs the batch as
+    # the devices' shares, micro-batches with the whole batch's numbers
+    import jax
+    from support.same import imports
+    from tpu_magic.core import record
+
+    ip.run_cell(imports() + ROWS)
+    report = train(ip, ACTIVE)
+    assert "the same as on one device (distributed vs one device" in report.summary(), \
+        report.summary()
+    deep = ip.user_ns["deep"]
+    state = tuple([v.value for v in group] for group in (
+        deep.trainable_variables, deep.non_trainable_variables,
+        deep.optimizer.variables, deep.metrics_variables))
+    rows, labels = ip.user_ns["many"], ip.user_ns["kinds"].astype("int32")
+
+    def temporaries(n):  # plain Keras's step on one device for n rows
+        compiled = jax.jit(deep.train_step).lower(state, (rows[:n], labels[:n])).compile()
+        return compiled.memory_analysis().temp_size_in_bytes
+
+    whole, share = temporaries(8192), temporaries(1024)
+    assert whole > 4 * share, (whole, share)
+    weights = 4 * sum(int(np.prod(v.shape)) for v in deep.trainable_variables)
+    checks = [found.memory_analysis().temp_size_in_bytes
+              for found in record.of(deep).reference._compiled.values()]
+    assert checks, "the check's step was not compiled ahead"
+    # a device's share, beside the gradients it adds up over the shares, one share's and
+    # the optimizer's update (the whole batch's were 8 times the share)
+    assert all(temp <= share + 3 * weights for temp in checks), (checks, share, whole)
+
+
 LORA_LM = """
 import keras_hub
 rs = np.random.RandomState(3)
@@ -220,9 +269,9 @@ def test_the_checks_step_compiles_beside_the_memory_plans_and_not_again_where_it
     events = []
     ahead, plan = parity.one_device_ahead, programs.Programs.abstract_train
 
-    def spied(model, batch):
+    def spied(model, batch, *parts):
         events.append(("check", [np.shape(a) for a in jax_leaves(batch)]))
-        return ahead(model, batch)
+        return ahead(model, batch, *parts)
 
     def planned(self, *args, **kwargs):
         events.append(("plan", None))

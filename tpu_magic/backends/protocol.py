@@ -247,18 +247,23 @@ class Backend(Protocol):
         before and after); a frozen layer's weights are not copied."""
 
     def one_device_steps(self, model: Any, before: "StepState", batches: list,
-                         one_device_copy: Callable[[], Any]) -> "tuple[dict, StepState]":
+                         one_device_copy: Callable[[], Any], parts: int = 1
+                         ) -> "tuple[dict, StepState]":
         """The model's training steps on one device, with plain Keras's code, from `before`,
         one a batch: their last logs and the state after. `one_device_copy` makes a compiled
         copy of the model outside every strategy, for a backend whose variables cannot leave
-        theirs (TensorFlow's)."""
+        theirs (TensorFlow's). `parts`: the batch's parts as the devices hold it (the
+        replicas times the step's own micro-batches): a backend that plans memory runs a
+        batch in that many micro-batches where they give its numbers, so that device holds
+        a distributed step's activations, not the whole batch's."""
 
-    def one_device_ahead(self, model: Any, batch: Any) -> "Callable[[], bool] | None":
+    def one_device_ahead(self, model: Any, batch: Any, parts: int = 1
+                         ) -> "Callable[[], bool] | None":
         """Before the fit's first step (before its memory plan, where the fit is known to
-        be checked), the model built: `one_device_steps` for batches like `batch` made
-        ready while the cell goes on, once a model and batch type; returns whether they are
-        ready now, for the check to compare where they are (a backend that cannot:
-        nothing, None)."""
+        be checked), the model built: `one_device_steps` for batches like `batch` (in
+        `parts`, as there) made ready while the cell goes on, once a model and batch type;
+        returns whether they are ready now, for the check to compare where they are (a
+        backend that cannot: nothing, None)."""
 
     def step_logs(self, model: Any, logs: dict) -> dict:
         """The metrics over the whole batch after a step (a callback's `logs` may hold one

@@ -170,11 +170,12 @@ class JaxBackend(Named):
         return parity.step_state(model)
 
     def one_device_steps(self, model: Any, before: StepState, batches: list,
-                         one_device_copy: Callable[[], Any]) -> tuple[dict, StepState]:
-        return parity.one_device_steps(model, before, batches)
+                         one_device_copy: Callable[[], Any], parts: int = 1
+                         ) -> tuple[dict, StepState]:
+        return parity.one_device_steps(model, before, batches, parts)
 
-    def one_device_ahead(self, model: Any, batch: Any) -> Callable[[], bool]:
-        return parity.one_device_ahead(model, batch)
+    def one_device_ahead(self, model: Any, batch: Any, parts: int = 1) -> Callable[[], bool]:
+        return parity.one_device_ahead(model, batch, parts)
 
     def step_logs(self, model: Any, logs: dict) -> dict:
         return dict(logs or {})  # a step sees the global batch: its logs are the batch's

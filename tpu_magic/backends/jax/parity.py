@@ -19,10 +19,12 @@ from typing import Any, Callable
 
 import numpy as np
 
+from tpu_magic.backends.jax import step_forms
 from tpu_magic.backends.jax.beside import Beside
 from tpu_magic.core import record
 from tpu_magic.core.deps import require_jax
-from tpu_magic.core.steps import StepState, frozen_variables, host_copy, state_groups
+from tpu_magic.core.steps import (StepForm, StepState, frozen_variables, host_copy,
+                                  state_groups)
 
 
 def step_state(model: Any) -> StepState:
@@ -34,13 +36,14 @@ def step_state(model: Any) -> StepState:
                        for variables, arrays in zip(state_groups(model), live)))
 
 
-def one_device_ahead(model: Any, batch: Any) -> Callable[[], bool]:
-    """The one-device step `one_device_steps` will run for batches like `batch`, traced now
-    (with no distribution in force, from the model's state as it is: a step's state has its
-    shapes) and compiled on a thread of its own while the cell goes on; once a model and
-    batch type (asked again for the same types, the compile already started). Returns a
-    callable telling whether that compile is done (the check compares once it is, not
-    waiting for it)."""
+def one_device_ahead(model: Any, batch: Any, parts: int = 1) -> Callable[[], bool]:
+    """The one-device step `one_device_steps` will run for batches like `batch` (in `parts`
+    micro-batches where they give its numbers: `reference_form`), traced now (with no
+    distribution in force, from the model's state as it is: a step's state has its shapes)
+    and compiled on a thread of its own while the cell goes on; once a model and batch type
+    (asked again for the same types, the compile already started). Returns a callable
+    telling whether that compile is done (the check compares once it is, not waiting for
+    it)."""
     import keras
 
     jax = require_jax()
@@ -52,16 +55,37 @@ def one_device_ahead(model: Any, batch: Any) -> Callable[[], bool]:
             a.dtype if hasattr(a, "dtype") else np.asarray(a).dtype), sharding=one), batch)
     frozen = frozen_variables(model)
     kept = tuple(id(v) not in frozen for v in state_groups(model)[1])
-    reference, types = _reference_step(model), _types(kept, state, data)
+    form = reference_form(model, batch, parts)
+    reference, types = _reference_step(model), _types((kept, form), state, data)
     if not reference.started(types):
         distribution = keras.distribution.distribution()
         keras.distribution.set_distribution(None)
         try:
-            lowered = reference.program(kept).lower(*state, data)
+            lowered = reference.program(kept, form).lower(*state, data)
         finally:
             keras.distribution.set_distribution(distribution)
         reference.compile_ahead(model, lowered, types)
     return lambda: reference.ready(types)
+
+
+def reference_form(model: Any, batch: Any, parts: int) -> StepForm:
+    """How the check's one-device step runs `batch`: as `parts` micro-batches (the devices'
+    own share of it, `parts` the replicas times the distributed step's own micro-batches),
+    so that its activations on that device are a distributed step's, not the whole global
+    batch's (on a chip, `parts` times more: a step that fits a device split would not fit
+    it whole), where micro-batches give the whole batch's numbers (`step_forms.not_exact`,
+    no BatchNormalization, rows that `parts` divide, no padding's packed weight); else as
+    written, Keras's own step on the whole batch."""
+    import keras
+
+    if parts <= 1:
+        return StepForm()
+    x, _, weights = keras.utils.unpack_x_y_sample_weight(batch)
+    rows = int(np.shape(keras.tree.flatten(x)[0])[0])
+    if rows % parts or isinstance(weights, dict) or step_forms.not_exact(model) or \
+            step_forms.normalizes_parts(model):
+        return StepForm()
+    return StepForm(micro=parts)
 
 
 # XLA:CPU's LLVM passes at their lowest: the check's step runs once, and on CPU devices (a
@@ -80,24 +104,25 @@ class _Reference:
         self._ahead: dict[Any, Beside] = {}  # types -> its compile, started
         self._compiled: dict[Any, Any] = {}  # types -> its executable, once compiled
 
-    def program(self, kept: tuple) -> Any:
-        """Keras's train step, jitted, returning the non-trainable values `kept` marks
-        (True) and nothing for the others (a frozen layer's weights, which no step
-        changes): the caller puts the ones it gave back (`_restored`)."""
-        found = self._programs.get(kept)
+    def program(self, kept: tuple, form: StepForm) -> Any:
+        """Keras's train step in `form` (`reference_form`), jitted, returning the
+        non-trainable values `kept` marks (True) and nothing for the others (a frozen
+        layer's weights, which no step changes): the caller puts the ones it gave back
+        (`_restored`)."""
+        found = self._programs.get((kept, form))
         if found is None:
-            model = self._model
+            step = step_forms.train_step(self._model, form, on_one_device=True)
 
             def train_step(trainable: Any, fixed: Any, slots: Any, metrics: Any,
                            batch: Any) -> Any:
-                logs, (trainable, fixed, slots, metrics) = model.train_step(
+                logs, (trainable, fixed, slots, metrics) = step(
                     (trainable, fixed, slots, metrics), batch)
                 changed = [value for value, keep in zip(fixed, kept) if keep]
                 return logs, (trainable, changed, slots, metrics)
 
             # the trainable values, the optimizer's and the metrics' are the check's copies
-            found = self._programs[kept] = require_jax().jit(train_step,
-                                                             donate_argnums=(0, 2, 3))
+            found = self._programs[kept, form] = require_jax().jit(
+                train_step, donate_argnums=(0, 2, 3))
         return found
 
     def started(self, types: Any) -> bool:
@@ -123,15 +148,15 @@ class _Reference:
         found = self._ahead.get(types)
         if found is not None:
             found.wait()
-        return self._compiled.get(types, self.program(types[0]))
+        return self._compiled.get(types, self.program(*types[0]))
 
 
-def _types(kept: tuple, state: Any, data: Any) -> tuple:
-    """A program's types: which non-trainable values it returns (`_Reference.program`),
-    the state's and a batch's types."""
+def _types(program: tuple, state: Any, data: Any) -> tuple:
+    """A program's types: which program (`_Reference.program`'s non-trainable values kept
+    and form), the state's and a batch's types."""
     jax = require_jax()
     leaves, tree = jax.tree_util.tree_flatten((state, data))
-    return kept, tree, tuple((tuple(a.shape), jax.dtypes.canonicalize_dtype(a.dtype))
+    return program, tree, tuple((tuple(a.shape), jax.dtypes.canonicalize_dtype(a.dtype))
                              for a in leaves)
 
 
@@ -149,8 +174,10 @@ def _reference_step(model: Any) -> _Reference:
     return kept.reference
 
 
-def one_device_steps(model: Any, before: StepState, batches: list) -> tuple[dict, StepState]:
-    """Keras's own `train_step` of the model, compiled for one device (the first local
+def one_device_steps(model: Any, before: StepState, batches: list, parts: int = 1
+                     ) -> tuple[dict, StepState]:
+    """Keras's own `train_step` of the model (each batch in `parts` micro-batches where
+    they give its numbers: `reference_form`), compiled for one device (the first local
     one) with no distribution in force (ahead, where `one_device_ahead` was asked), from
     `before` (a frozen layer's weights read from the model: the replicated copy already on
     that device, nothing moved)."""
@@ -170,12 +197,13 @@ def one_device_steps(model: Any, before: StepState, batches: list) -> tuple[dict
         logs: Any = {}
         for batch in batches:
             data = jax.device_put(batch, device)
-            step = reference.step(_types(kept, state, data))
+            form = reference_form(model, batch, parts)
+            step = reference.step(_types((kept, form), state, data))
             try:
                 logs, out = step(*state, data)
             except TypeError:  # an executable takes its types exactly (a weak type, a
                 # layout): the jitted program takes what the check has, nothing donated yet
-                logs, out = reference.program(kept)(*state, data)
+                logs, out = reference.program(kept, form)(*state, data)
             state = (out[0], _restored(state[1], out[1], kept), out[2], out[3])
     finally:
         keras.distribution.set_distribution(distribution)

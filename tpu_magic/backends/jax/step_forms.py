@@ -37,8 +37,11 @@ from tpu_magic.core.overrides import overridden
 from tpu_magic.core.steps import StepForm
 
 
-def train_step(model: Any, form: StepForm) -> Callable[..., Any]:
-    """Keras's stateless train step in `form` (as written: Keras's own)."""
+def train_step(model: Any, form: StepForm, on_one_device: bool = False
+               ) -> Callable[..., Any]:
+    """Keras's stateless train step in `form` (as written: Keras's own). `on_one_device`:
+    the step's batch is on one device (the parity check's), so its micro-batches are runs
+    of rows (a reshape, no copy) rather than dealt (a transposed copy of the batch)."""
     keras_step = model.train_step
     if form.as_written:
         return keras_step
@@ -48,7 +51,7 @@ def train_step(model: Any, form: StepForm) -> Callable[..., Any]:
         with rematerialized(blocks):
             if form.micro == 1:
                 return keras_step(state, data)
-            return _micro_batched(model, form.micro, state, data)
+            return _micro_batched(model, form.micro, state, data, on_one_device)
 
     return step
 
@@ -114,8 +117,9 @@ def rematerialized(blocks: list[Any]) -> Iterator[None]:
         yield
 
 
-def _micro_batched(model: Any, m: int, state: Any, data: Any) -> Any:
-    """Keras's train step on `data` as `m` micro-batches (see the module's docstring)."""
+def _micro_batched(model: Any, m: int, state: Any, data: Any, runs: bool = False) -> Any:
+    """Keras's train step on `data` as `m` micro-batches (see the module's docstring;
+    `runs`: of consecutive rows, `_dealt`)."""
     import keras
 
     jax = require_jax()
@@ -128,7 +132,7 @@ def _micro_batched(model: Any, m: int, state: Any, data: Any) -> Any:
         return model.train_step(state, data)
     if isinstance(weights, dict):  # a padded batch's packed weight (`exactness`)
         raise ValueError("a padded batch: its padding is masked out over the whole batch")
-    parts = jax.tree_util.tree_map(lambda a: _dealt(a, m), (x, y, weights))
+    parts = jax.tree_util.tree_map(lambda a: _dealt(a, m, runs), (x, y, weights))
     valid = _valid_entries(model, trainable, non_trainable, parts)
     grad_fn = jax.value_and_grad(model.compute_loss_and_updates, has_aux=True)
 
@@ -155,12 +159,16 @@ def _micro_batched(model: Any, m: int, state: Any, data: Any) -> Any:
     return logs, (trainable, non_trainable, optimizer_vars, metrics_vars)
 
 
-def _dealt(array: Any, m: int) -> Any:
+def _dealt(array: Any, m: int, runs: bool = False) -> Any:
     """A batch's rows dealt into `m` micro-batches, (m, rows/m, ...): row i to micro-batch
-    i mod m, so each device's rows stay its own."""
+    i mod m, so each device's rows stay its own; or (`runs`, a batch on one device) the
+    first rows/m rows to the first and so on, a reshape that copies nothing (dealing
+    there would transpose a copy of the whole batch)."""
     if array is None:
         return None
     rows = array.shape[0]
+    if runs:
+        return array.reshape((m, rows // m) + tuple(array.shape[1:]))
     return array.reshape((rows // m, m) + tuple(array.shape[1:])).swapaxes(0, 1)
 
 

@@ -143,10 +143,12 @@ class TensorFlowBackend(Named):
         return parity.step_state(model)
 
     def one_device_steps(self, model: Any, before: StepState, batches: list,
-                         one_device_copy: Callable[[], Any]) -> tuple[dict, StepState]:
+                         one_device_copy: Callable[[], Any], parts: int = 1
+                         ) -> tuple[dict, StepState]:
+        # the whole batch on one device: TensorFlow's memory is not planned
         return parity.one_device_steps(model, before, batches, one_device_copy)
 
-    def one_device_ahead(self, model: Any, batch: Any) -> None:
+    def one_device_ahead(self, model: Any, batch: Any, parts: int = 1) -> None:
         return None  # a copy of the model is built and traced where it runs
 
     def step_logs(self, model: Any, logs: dict) -> dict:

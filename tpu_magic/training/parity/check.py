@@ -90,13 +90,15 @@ def _check(connection: Connection, mesh: Any, plan: Any, built: Any, agreed: fro
                           [] if global_batch else per_replica_norms(model),
                           exactness.scalar_losses(model), not exactness.keras_steps(model))
 
+    parts = _parts(connection, plan.placement.form)
+
     def reference(m: Any, before: Any, batches: list) -> Any:
         with exactness.suspended(m):
-            return backend.one_device_steps(m, before, batches, one_device_copy(m))
+            return backend.one_device_steps(m, before, batches, one_device_copy(m), parts)
 
     def ahead(m: Any, batch: Any) -> Callable[[], bool] | None:
         with exactness.suspended(m):
-            return backend.one_device_ahead(m, batch)
+            return backend.one_device_ahead(m, batch, parts)
 
     def inference(m: Any, fed: Any, real: Any) -> Any:
         ours = backend.distributed_inference(m, fed)
@@ -168,12 +170,19 @@ def check_ahead(placement: Any, agreed: frozenset, request: Any, verified: bool
             return
         build(model, batch)  # as the plan would next (its error is the cell's: raised)
         try:
-            with exactness.suspended(model):
-                backend.one_device_ahead(model, batch)
+            with exactness.suspended(model):  # the step's own form is the plan's, still to
+                # come: as written where asked (another form's is compiled at the check)
+                backend.one_device_ahead(model, batch, _parts(connection, None))
         except Exception:  # noqa: BLE001 - the check must never break the cell: where this
             pass  # fails, its step is made ready at the first step, as without it
 
     return ahead
+
+
+def _parts(connection: Connection, form: Any) -> int:
+    """The parts a global batch is in on the devices: the replicas' shares, each in the
+    step's own micro-batches (`form`: the memory plan's `StepForm`, None as written)."""
+    return max(connection.replicas, 1) * max(getattr(form, "micro", 1) or 1, 1)
 
 
 def _where(connection: Connection, mesh: Any) -> str:
