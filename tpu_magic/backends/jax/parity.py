@@ -132,8 +132,7 @@ class _Reference:
         on_cpu = require_jax().default_backend() == "cpu"
 
         def compile_it() -> None:
-            with _not_written_to_the_cache():
-                self._compiled[types] = lowered.compile(CPU_OPTIONS if on_cpu else None)
+            self._compiled[types] = lowered.compile(CPU_OPTIONS if on_cpu else None)
 
         self._ahead[types] = Beside(model, compile_it)
 
@@ -150,22 +149,6 @@ class _Reference:
         if found is not None:
             found.wait()
         return self._compiled.get(types, self.program(*types[0]))
-
-
-def _not_written_to_the_cache() -> Any:
-    """On this thread only: no compile written to JAX's persistent compilation cache (its
-    least compile time, a thread's own setting, made endless). The check's step runs once,
-    and serializing its executable on this thread while the memory plan compiles on the
-    notebook's crashed the process once in the JAX suite (a segmentation fault in
-    `executable.serialize()`, 2026-12-02); nothing is worth that."""
-    import contextlib
-
-    try:
-        from jax._src import config
-    except ImportError:  # JAX's layout moved: the cache as configured
-        return contextlib.nullcontext()
-    least = getattr(config, "persistent_cache_min_compile_time_secs", None)
-    return least(float("inf")) if callable(least) else contextlib.nullcontext()
 
 
 def _types(program: tuple, state: Any, data: Any) -> tuple:
