@@ -46,3 +46,18 @@ def shared_data_kept(request):
     kept = {name: shell.user_ns[name] for name in SHARED_DATA if name in shell.user_ns}
     yield
     shell.user_ns.update(kept)
+
+
+@pytest.fixture(autouse=True)
+def memory_maps_relieved():
+    """After each test, the memory maps relieved as a fit relieves them (`core.host_maps`:
+    past half of Linux's limit, a collection, then JAX's kept programs let go). The suite
+    runs hundreds of tests in one process, and its plain-Keras reference cells compile
+    without a `%%tpu_train` fit's relief: rehearsed with the limit lowered, the published
+    part died in one of them (XLA's "Cannot allocate memory", SIGABRT)."""
+    yield
+    import jax
+
+    from tpu_magic.core import host_maps
+
+    host_maps.relieve(jax.clear_caches)

@@ -15,6 +15,9 @@ model = {DENSE_MODEL}
 model.compile(keras.optimizers.SGD(0.1), "sparse_categorical_crossentropy", metrics=["accuracy"])
 """
 
+# DENSE's fit on 256 rows, one epoch
+FIT_256 = "history = model.fit(x[:256], y[:256], batch_size=64, epochs=1, verbose=0)"
+
 # DENSE's model under Adam, as the checkpoint tests train it
 ADAM = f"""
 keras.utils.set_random_seed(3)
@@ -81,13 +84,41 @@ def let_go_is_collected(ip) -> bool:
     `History` held it: a cell run again kept the old model's device memory beside the new.)"""
     import gc
 
-    kept = train(ip, DENSE + "history = model.fit(x[:256], y[:256], batch_size=64, epochs=1, "
-                             "verbose=0)")
+    kept = train(ip, DENSE + FIT_256)
     ip.run_cell("import weakref as _weakref\n_gone = _weakref.ref(model)\ndel model, history")
     gc.collect()
     collected = ip.user_ns.pop("_gone")() is None
     del kept
     return collected
+
+
+def a_fit_near_the_map_limit(ip, monkeypatch):
+    """A model trained in a plain cell, then let go (`del`) with Python's cycle collector
+    paused (a long session's oldest generation seldom runs): its compiled programs stay
+    mapped. Then a `%%tpu_train` fit with the process's memory maps read as past the share
+    where a fit collects first and where it warns (`core.host_maps`). Returns whether the
+    model let go was freed before that fit, whether it was still there after the `del`
+    (the precondition: only the collector frees it), and the fit's report."""
+    import gc
+
+    from tpu_magic.core import host_maps
+
+    ip.run_cell(DENSE + FIT_256)
+    gc.collect()
+    gc.disable()
+    try:
+        ip.run_cell("import weakref as _weakref\n_gone = _weakref.ref(model)\ndel model, history")
+        held = ip.user_ns["_gone"]() is not None
+        monkeypatch.setattr(host_maps, "COLLECT_AT", 0.0)
+        monkeypatch.setattr(host_maps, "WARN_AT", 0.0)
+        report = train(ip, "_alive = _gone() is not None\n" + DENSE + FIT_256 +
+                       "\n_after = _gone() is not None")
+    finally:
+        gc.enable()
+    # `_alive`: before the fit's relief; `_after`: after it
+    freed = ip.user_ns.pop("_alive") and not ip.user_ns.pop("_after")
+    ip.user_ns.pop("_gone")
+    return freed, held, report
 
 
 def traced_steps_kept(ip):

@@ -9,8 +9,8 @@ import keras
 import tpu_magic
 from tpu_magic.training.fit.progress import FitProgress, FitTiming
 
-from support.cells import (DENSE, dense_model, let_go_is_collected, overrides_kept, train,
-                           traced_steps_kept)
+from support.cells import (DENSE, a_fit_near_the_map_limit, dense_model, let_go_is_collected,
+                           overrides_kept, train, traced_steps_kept)
 from support.data import SETUP
 from support.same import cpu_copy
 
@@ -32,6 +32,14 @@ def test_a_model_built_in_the_cell_trains_on_8_replicas(digits):
 
 def test_a_model_the_notebook_lets_go_is_collected_as_in_plain_keras(digits):
     assert let_go_is_collected(digits)
+
+
+def test_a_fit_near_the_memory_map_limit_frees_the_models_let_go_first_and_says_so(
+        digits, monkeypatch):
+    freed, held, report = a_fit_near_the_map_limit(digits, monkeypatch)
+    assert held and freed
+    assert any("memory maps" in note and "del model" in note for note in report.notes), \
+        report.notes
 
 
 def test_a_later_cell_runs_the_traced_step_until_the_trainable_set_changes(digits):

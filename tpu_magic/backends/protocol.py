@@ -303,6 +303,12 @@ class Backend(Protocol):
     def compile_counts(self) -> "CompileCounts | None":
         """Programs compiled and loaded from the persistent cache so far (None: not known)."""
 
+    def release_compiled(self) -> None:
+        """The compiled programs the framework keeps for what it ran (every jitted function's
+        and eager op's, at every shape), let go: what runs again compiles again, or loads
+        from the compile cache. For a process near Linux's limit on memory maps
+        (`core.host_maps`); a framework that keeps none does nothing."""
+
     def training_flops(self, model: Any, batch: Any = None) -> "tuple[float, str] | None":
         """FLOPs of one training sample and where the count comes from (None: not known);
         `batch`: a batch the model is fed, for inputs whose sizes the model leaves open."""

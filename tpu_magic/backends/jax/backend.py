@@ -200,6 +200,11 @@ class JaxBackend(Named):
     def compile_counts(self) -> compile_cache.CompileCounts | None:
         return compile_cache.counts()
 
+    def release_compiled(self) -> None:
+        # JAX's caches keep an executable for every op run eagerly at each new shape, and
+        # XLA:CPU maps each one's code: about 65 maps a small model's cell, kept for good
+        require_jax().clear_caches()
+
     def training_flops(self, model: Any, batch: Any = None) -> tuple[float, str] | None:
         return flops.training_flops(model, batch)
 

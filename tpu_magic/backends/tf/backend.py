@@ -193,6 +193,9 @@ class TensorFlowBackend(Named):
     def compile_counts(self) -> None:
         return None  # TensorFlow keeps no persistent compilation cache for Keras's steps
 
+    def release_compiled(self) -> None:
+        pass  # Keras's traced functions are its models', collected with them
+
     def training_flops(self, model: Any, batch: Any = None) -> tuple[float, str] | None:
         flops = counted_training_flops(model)
         return None if flops is None else (flops, "counted from the layers")

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
-from tpu_magic.core import random_state
+from tpu_magic.core import host_maps, random_state
 from tpu_magic.core.batching import BatchPlan, plan_batches
 from tpu_magic.core.errors import KerasBuildError, MemoryPlanError
 from tpu_magic.core.steps import builds_from_a_pass
@@ -118,7 +118,10 @@ def plan_fit(request: TrainRequest, placement: Placement, model: Any,
     from, and its data order's seed; None, or nothing to resume: from the start, with a new
     seed). `check_ahead`: where the fit will be checked, what starts the check's one-device
     step from that first batch before the placement is settled (`parity.check.check_ahead`:
-    its compile beside the memory plan's). What it finds to say is in the plan's `notes`,
+    its compile beside the memory plan's). First, past half of Linux's limit on the
+    process's memory maps, the unreferenced models' compiled programs are collected
+    (`core.host_maps`; a compile past the limit kills the kernel). What it finds to say is
+    in the plan's `notes`,
     for the caller to say; nothing is said from here.
 
     Raises:
@@ -129,6 +132,10 @@ def plan_fit(request: TrainRequest, placement: Placement, model: Any,
         The cell's own error where building its model fails as in plain Keras.
     """
     notes: list[tuple[str, str]] = []
+    # before anything of this fit compiles: room for its code
+    relief = host_maps.relieve(lambda: placement.connection.backend.release_compiled())
+    if relief is not None and relief.warning() is not None:
+        notes.append((relief.warning(), "warning: "))
     try:
         build_pass = builds_from_a_pass(model)  # before tpu_magic builds anything of it
         call = dict(call)
