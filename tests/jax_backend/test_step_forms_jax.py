@@ -16,6 +16,19 @@ from support.step_forms import CNN, CNN_DATA, GEMMA, GEMMA_DATA, SEQUENCE, SEQUE
 
 LIMIT = "TPU_MAGIC_DEVICE_MEMORY_BYTES"
 TIGHT = dict(rel=1e-5, abs=1e-6)
+MLP_DATA = """
+rs = np.random.RandomState(4)
+rows = rs.rand(128, 64).astype("float32")
+labels = rs.randint(0, 4, 128)
+"""
+MLP = """
+keras.utils.set_random_seed(6)
+model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(512, activation="relu"),
+                          keras.layers.Dense(512, activation="relu"),
+                          keras.layers.Dense(4, activation="softmax")])
+model.compile(keras.optimizers.SGD(0.05, momentum=0.9), "sparse_categorical_crossentropy")
+history = model.fit(rows, labels, batch_size=64, epochs=2, shuffle=False, verbose=0)
+"""
 
 @pytest.mark.parametrize("placement", ["", "--shard model --mesh 2x4"])
 def test_micro_batches_give_the_full_batchs_weights_metrics_and_schedule(ip, placement):
@@ -61,6 +74,30 @@ def test_a_step_that_does_not_fit_trains_as_the_plan_chooses(ip, monkeypatch):
                                          "planned, largest saving first: half the batch "
                                          "saves"):
         train(ip, CNN, "--no-progress --memory off")
+
+
+def test_a_check_whose_copy_of_the_state_would_not_fit_beside_the_step_is_skipped_and_said(
+        ip, monkeypatch):
+    # a chip's memory rehearsed: room for the step, not for the check's one-device copy of
+    # the model's state beside it (an MLP's, all trainable, with its optimizer's momentum:
+    # the most of its step)
+    from tpu_magic.core.steps import copied_bytes
+
+    ip.run_cell(MLP_DATA)
+    written = train(ip, MLP, "--no-progress --verify off")
+    peak = float(written.memory_plan.split("memory plan: ")[1].split()[0]) * 2**30
+    copy = copied_bytes(ip.user_ns["model"])
+    assert copy > 0.5 * peak, (copy, peak)
+    monkeypatch.setenv(LIMIT, str(int((1.05 * peak + 0.5 * copy) / 0.9)))
+    plain, ours, report = both(ip, MLP_DATA, MLP)
+    assert "is more than 90 %" not in report.memory_plan, report.memory_plan  # the step fits
+    assert any(note.startswith("the first step is not compared with one device: its "
+                               "one-device step would hold a copy of the model's state")
+               for note in report.notes), report.notes
+    same_history(plain, ours, tolerance=TIGHT)
+    same_weights(plain, ours, atol=1e-6)
+    monkeypatch.delenv(LIMIT)  # with room, the same cell is checked
+    assert not any("not compared" in note for note in train(ip, MLP).notes)
 
 
 def test_micro_batches_say_what_is_not_the_full_batchs(ip):

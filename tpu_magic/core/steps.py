@@ -58,6 +58,14 @@ def state_groups(model: Any) -> tuple[list, list, list, list]:
             list(getattr(model, "metrics_variables", [])))
 
 
+def copied_bytes(model: Any) -> int:
+    """The bytes of the model's state the first-step check copies onto one device: every
+    variable of Keras's JAX state but a frozen layer's (which it reads in place), whole."""
+    frozen = frozen_variables(model)
+    return sum(int(np.prod(v.shape)) * np.dtype(str(v.dtype)).itemsize
+               for group in state_groups(model) for v in group if id(v) not in frozen)
+
+
 def batch_signature(batch: Any) -> tuple:
     """A host batch's type: each array's shape and dtype, in the tree's order (what a step
     measured on one batch holds for)."""

@@ -16,6 +16,7 @@ from tpu_magic.training.parity.compare import (LOW_PRECISION_TOLERANCE, TOLERANC
                                                per_replica_norms, random_layers, setup_before)
 
 ON_HOSTS = "the first step is not compared with one device on several hosts"
+NOT_COMPARED = "the first step is not compared with one device"
 
 
 def checks(connection: Connection, mesh: Any) -> bool:
@@ -71,6 +72,8 @@ def first_step_check(connection: Connection, mesh: Any, plan: Any, built: Any,
     """
     if connection.target.startswith("hosts:"):
         return None, ON_HOSTS
+    if plan.placement.check_room is not None:  # the memory plan's: it would not fit
+        return None, f"{NOT_COMPARED}: {plan.placement.check_room}"
     try:
         return _check(connection, mesh, plan, built, agreed, one_device_copy), None
     except Exception as exc:  # noqa: BLE001 - the check must never break the cell

@@ -23,7 +23,7 @@ from typing import Any, Callable
 from tpu_magic.core.chips import Chip
 from tpu_magic.core.devices import StepMemory
 from tpu_magic.core.errors import MemoryPlanError
-from tpu_magic.core.steps import StepForm
+from tpu_magic.core.steps import StepForm, copied_bytes
 from tpu_magic.training.placement import fitting
 
 HEADROOM = 0.9  # a step may take this share of a device's memory
@@ -53,6 +53,7 @@ class Planned:
     form: StepForm = StepForm()
     notes: tuple = ()
     flops: float | None = None
+    check_room: str | None = None  # why the first-step check would not fit (None: it fits)
 
 
 def before_fit(connection: Any, model: Any, batch: Any, planned: tuple[Chip, int] | None,
@@ -76,7 +77,8 @@ def before_fit(connection: Any, model: Any, batch: Any, planned: tuple[Chip, int
     flops = written.flops * written.devices / _rows(batch) \
         if written.flops and asked.as_written and _rows(batch) else None
     if total is None or written.peak <= HEADROOM * total:
-        return Planned(line(written, total, where, asked, _rows(batch)), asked, notes, flops)
+        return Planned(line(written, total, where, asked, _rows(batch)), asked, notes, flops,
+                       _check_room(model, written, total, connection))
     if not asked.as_written or getattr(request, "memory", "auto") == "off":
         raise MemoryPlanError(refusal(written, total, where, _changes(
             connection, model, batch, asked)))
@@ -91,7 +93,26 @@ def before_fit(connection: Any, model: Any, batch: Any, planned: tuple[Chip, int
         raise MemoryPlanError(refusal(written, total, where, _changes(
             connection, model, batch, asked), chosen))
     return Planned(fitted_line(written, chosen, total, where, _rows(batch)), chosen.form,
-                   _form_notes(backend, model, chosen.form), flops)
+                   _form_notes(backend, model, chosen.form), flops,
+                   _check_room(model, chosen.memory or written, total, connection))
+
+
+def _check_room(model: Any, step: StepMemory, total: float | None, connection: Any
+                ) -> str | None:
+    """Why the first-step check's one-device step would not fit beside the model's own
+    state on its device (None: it fits, or the device's memory is not known). The check
+    runs the step once more on one device, from a copy of the model's state but a frozen
+    layer's (`core.steps.copied_bytes`), whole there, beside the step's own share: on a
+    chip the step fills, that copy is what would run out of memory. Several replicas or a
+    mesh only: one device is not checked."""
+    if total is None or (connection.replicas <= 1 and step.devices <= 1):
+        return None
+    copy = copied_bytes(model)
+    if step.peak + copy <= HEADROOM * total:
+        return None
+    return (f"its one-device step would hold a copy of the model's state "
+            f"({copy / _GIB:.3g} GiB) beside the step's {step.peak / _GIB:.3g} GiB, more "
+            f"than {HEADROOM:.0%} of the device's {total / _GIB:.3g} GiB")
 
 
 def call_batch(connection: Any, model: Any, kind: str, batch: int,

@@ -34,6 +34,8 @@ class Placement:
             `core.steps.StepForm`), and what to say of it (`form_notes`).
         flops: a sample's training FLOPs, from the plan's compiled step (None: not
             counted there).
+        check_room: why the first-step check's one-device step would not fit a device
+            beside the step (None: it fits, or not known), from the memory plan.
     """
 
     connection: Connection
@@ -43,6 +45,7 @@ class Placement:
     form: StepForm = StepForm()
     form_notes: tuple = ()
     flops: float | None = None
+    check_room: str | None = None
 
 
 Owners = Callable[[], Iterable[type]]  # the classes whose layout maps lay out a mesh
@@ -100,7 +103,7 @@ def settle(placement: Placement, request: TrainRequest, model: Any,
         found = earlier[key]
         return found if not placement.settled else replace(
             placement, memory_plan=found.memory_plan, form=found.form,
-            form_notes=found.form_notes, flops=found.flops)
+            form_notes=found.form_notes, flops=found.flops, check_room=found.check_room)
     connection = placement.connection
     if not placement.settled:  # --shard auto, at its first fit
         chosen, mesh, line = memory_plan.choose(connection, model, batch, request.plan_for,
@@ -112,7 +115,8 @@ def settle(placement: Placement, request: TrainRequest, model: Any,
     else:
         planned = memory_plan.before_fit(connection, model, batch, request.plan_for, request)
         settled = replace(placement, memory_plan=planned.line, form=planned.form,
-                          form_notes=planned.notes, flops=planned.flops)
+                          form_notes=planned.notes, flops=planned.flops,
+                          check_room=planned.check_room)
     kept.settled = {**earlier, key: settled}
     return settled
 
