@@ -98,7 +98,8 @@ def a_fit_near_the_map_limit(ip, monkeypatch):
     mapped. Then a `%%tpu_train` fit with the process's memory maps read as past the share
     where a fit collects first and where it warns (`core.host_maps`). Returns whether the
     model let go was freed before that fit, whether it was still there after the `del`
-    (the precondition: only the collector frees it), and the fit's report."""
+    (the precondition: only the collector frees it), and whether the fit warned of the
+    maps with what to do."""
     import gc
 
     from tpu_magic.core import host_maps
@@ -118,7 +119,8 @@ def a_fit_near_the_map_limit(ip, monkeypatch):
     # `_alive`: before the fit's relief; `_after`: after it
     freed = ip.user_ns.pop("_alive") and not ip.user_ns.pop("_after")
     ip.user_ns.pop("_gone")
-    return freed, held, report
+    warned = any("memory maps" in note and "del model" in note for note in report.notes)
+    return freed, held, warned
 
 
 def traced_steps_kept(ip):
