@@ -11,7 +11,9 @@ exact form fits, or with `--memory off`, training is refused before it starts, t
 weights untouched, with the biggest term named and what would change the numbers listed
 with its planned saving. `--plan-for v5e-8` plans for hardware you do not have: on 8
 simulated CPU devices, against a v5e's HBM; XLA:CPU lays memory out differently from the
-TPU's compiler, which the line says.
+TPU's compiler, which the line says. The plan also tells whether the first-step check's
+one-device copy of the model's state fits beside the step (`Planned.check_room`: where it
+would not, the check is skipped and says why).
 """
 
 from __future__ import annotations
