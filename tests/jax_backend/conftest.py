@@ -53,8 +53,7 @@ def memory_maps_relieved():
     """After each test, the memory maps relieved as a fit relieves them (`core.host_maps`:
     past half of Linux's limit, a collection, then JAX's kept programs let go). The suite
     runs hundreds of tests in one process, and its plain-Keras reference cells compile
-    without a `%%tpu_train` fit's relief: rehearsed with the limit lowered, the published
-    part died in one of them (XLA's "Cannot allocate memory", SIGABRT)."""
+    without a `%%tpu_train` fit's relief (docs/limits.md)."""
     yield
     import jax
 

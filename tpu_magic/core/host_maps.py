@@ -1,27 +1,20 @@
 """The process's memory maps, kept clear of the system's limit before a fit compiles.
 
-XLA:CPU keeps each compiled program's code in memory maps of its own (several a kernel),
-released only with the program. A model no longer referenced keeps its programs until
-Python's cycle collector frees it (a model and its layers, Keras's traced functions and
-tpu_magic's record of it are reference cycles), and the collector's oldest generation runs
-seldom when the objects are few and large. A process at Linux's `vm.max_map_count`
-(65,530 by default) cannot map the next program's code: XLA logs "LLVM compilation error:
-Cannot allocate memory" and the process dies of a segmentation fault, the kernel with it
-(rehearsed with the limit lowered: docs/limits.md). tpu_magic compiles more programs a
-model than plain Keras (the check's one-device step, the grouped steps), so it reaches the
-limit sooner.
-
-The collector is not all of it: JAX keeps an executable for every op it ran eagerly at
-every new shape (model building, metrics, host copies), for good, in plain Keras as under
-tpu_magic: about 65 maps a small model's cell, 2,449 after ten such cells, 1,558 after
-`jax.clear_caches()`. A test process of a few dozen KerasHub and keras-io cells reached
-27,768 maps though collected after every test.
+XLA:CPU keeps each compiled program's code in memory maps of its own, released only with
+the program, and a process at Linux's `vm.max_map_count` cannot map the next program's
+code: XLA cannot allocate it and the process (the notebook's kernel) dies of a
+segmentation fault (docs/limits.md). Two things keep maps that nothing uses: a model no
+longer referenced keeps its programs until Python's cycle collector frees it (a model, its
+layers, Keras's traced functions and tpu_magic's record of it are reference cycles, and the
+collector's oldest generation runs seldom when the objects are few and large); and JAX
+keeps an executable for every op it ran eagerly at every new shape, for good, in plain
+Keras as under tpu_magic, which compiles more programs a model besides.
 
 `relieve(release)`, before each fit: past half the limit it collects (the unreferenced
-models' programs freed); still past it, the backend's `release_compiled` lets the
-framework's kept programs go (they compile again where they run again, or load from the
-compile cache) and it collects again. It returns what it found; `MapRelief.warning` says
-so when the maps stay high after, what still holds them being the user's live models.
+models' programs freed); still past it, `release` (the backend's `release_compiled`) lets
+the framework's kept programs go (they compile again where they run again, or load from
+the compile cache) and it collects again. It returns what it found; `MapRelief.warning`
+says so when the maps stay high after, what still holds them being the user's live models.
 Nothing happens where the process has no `/proc` (not Linux): the limit is Linux's.
 """
 
@@ -33,9 +26,8 @@ from typing import Callable
 
 PROC_MAPS = "/proc/self/maps"
 MAX_MAPS = "/proc/sys/vm/max_map_count"
-# Past this share of the limit a fit's compiles collect first: a collection costs a tenth
-# of a second or so in a large session, and half the limit leaves room for a large
-# program's maps (a small KerasHub model's fit maps thousands)
+# Past this share of the limit a fit collects first: a collection is not free in a large
+# session, and half the limit leaves room for a large model's fit, which maps thousands
 COLLECT_AT = 0.5
 # Still past this share after collecting: the user's live models hold them; said
 WARN_AT = 0.8

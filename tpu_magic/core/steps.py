@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from tpu_magic.core.errors import KerasBuildError
+from tpu_magic.core.variables import variable_bytes
 
 
 @dataclass(frozen=True)
@@ -62,8 +63,8 @@ def copied_bytes(model: Any) -> int:
     """The bytes of the model's state the first-step check copies onto one device: every
     variable of Keras's JAX state but a frozen layer's (which it reads in place), whole."""
     frozen = frozen_variables(model)
-    return sum(int(np.prod(v.shape)) * np.dtype(str(v.dtype)).itemsize
-               for group in state_groups(model) for v in group if id(v) not in frozen)
+    return sum(variable_bytes(v) for group in state_groups(model) for v in group
+               if id(v) not in frozen)
 
 
 def batch_signature(batch: Any) -> tuple:

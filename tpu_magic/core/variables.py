@@ -12,6 +12,11 @@ from typing import Any, Mapping
 import numpy as np
 
 
+def variable_bytes(variable: Any) -> int:
+    """A variable's bytes, whole (on one device), from its shape and dtype: nothing read."""
+    return int(np.prod(variable.shape)) * np.dtype(str(variable.dtype)).itemsize
+
+
 def variables_of(model: Any) -> list[Any]:
     """The model's weights, then its optimizer's variables."""
     found = list(model.weights)

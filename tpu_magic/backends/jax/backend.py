@@ -201,8 +201,8 @@ class JaxBackend(Named):
         return compile_cache.counts()
 
     def release_compiled(self) -> None:
-        # JAX's caches keep an executable for every op run eagerly at each new shape, and
-        # XLA:CPU maps each one's code: about 65 maps a small model's cell, kept for good
+        # JAX's caches keep an executable for every op run eagerly at each new shape, for
+        # good, and XLA:CPU maps each one's code
         require_jax().clear_caches()
 
     def training_flops(self, model: Any, batch: Any = None) -> tuple[float, str] | None:

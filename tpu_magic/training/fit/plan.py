@@ -119,10 +119,10 @@ def plan_fit(request: TrainRequest, placement: Placement, model: Any,
     seed). `check_ahead`: where the fit will be checked, what starts the check's one-device
     step from that first batch before the placement is settled (`parity.check.check_ahead`:
     its compile beside the memory plan's). First, past half of Linux's limit on the
-    process's memory maps, the unreferenced models' compiled programs are collected
-    (`core.host_maps`; a compile past the limit kills the kernel). What it finds to say is
-    in the plan's `notes`,
-    for the caller to say; nothing is said from here.
+    process's memory maps, the unreferenced models' compiled programs are collected, and
+    the framework's kept ones let go where that is not enough (`core.host_maps`; a compile
+    past the limit kills the kernel). What it finds to say is in the plan's `notes`, for
+    the caller to say; nothing is said from here.
 
     Raises:
         PlanFailed: the `error` below, with the notes found before it:
@@ -134,8 +134,9 @@ def plan_fit(request: TrainRequest, placement: Placement, model: Any,
     notes: list[tuple[str, str]] = []
     # before anything of this fit compiles: room for its code
     relief = host_maps.relieve(lambda: placement.connection.backend.release_compiled())
-    if relief is not None and relief.warning() is not None:
-        notes.append((relief.warning(), "warning: "))
+    warning = relief.warning() if relief is not None else None
+    if warning is not None:
+        notes.append((warning, "warning: "))
     try:
         build_pass = builds_from_a_pass(model)  # before tpu_magic builds anything of it
         call = dict(call)

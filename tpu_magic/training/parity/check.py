@@ -15,8 +15,8 @@ from tpu_magic.training.parity.compare import (LOW_PRECISION_TOLERANCE, TOLERANC
                                                WHOLE_BATCH, WHOLE_EARLIER, likely_cause,
                                                per_replica_norms, random_layers, setup_before)
 
-ON_HOSTS = "the first step is not compared with one device on several hosts"
 NOT_COMPARED = "the first step is not compared with one device"
+ON_HOSTS = f"{NOT_COMPARED} on several hosts"
 
 
 def checks(connection: Connection, mesh: Any) -> bool:
@@ -77,8 +77,7 @@ def first_step_check(connection: Connection, mesh: Any, plan: Any, built: Any,
     try:
         return _check(connection, mesh, plan, built, agreed, one_device_copy), None
     except Exception as exc:  # noqa: BLE001 - the check must never break the cell
-        return None, f"the first step is not compared with one device: it could not be set " \
-                     f"up ({type(exc).__name__}: {exc})"
+        return None, f"{NOT_COMPARED}: it could not be set up ({type(exc).__name__}: {exc})"
 
 
 def _check(connection: Connection, mesh: Any, plan: Any, built: Any, agreed: frozenset,

@@ -16,7 +16,7 @@ import h5py
 import numpy as np
 
 from tpu_magic.core.atomic import atomic_path
-from tpu_magic.core.variables import changing_weights
+from tpu_magic.core.variables import changing_weights, variable_bytes
 from tpu_magic.core.errors import SyncError
 
 SUFFIX = ".adapters.h5"
@@ -54,7 +54,7 @@ def save_adapters(model: Any, path: Path, name: str) -> tuple[int, int]:
             written.
     """
     trainable = changing_weights(model)
-    whole = sum(int(np.prod(w.shape)) * np.dtype(w.dtype).itemsize for w in model.weights)
+    whole = sum(variable_bytes(w) for w in model.weights)
     return write_adapters(path, [(v.path, np.asarray(v.value)) for v in trainable], whole,
                           name)
 
