@@ -48,8 +48,28 @@ def pytest_ignore_collect(collection_path, config):
     return None
 
 
+def pytest_collection_modifyitems(session, config, items):
+    if not _unit_only(config):
+        from support import jax_suite
+
+        jax_suite.last(items)
+
+
+def pytest_collection_finish(session):
+    """The JAX suite's published part starts now, beside the TensorFlow tests
+    (support/jax_suite.py)."""
+    if not _unit_only(session.config):
+        from support import jax_suite
+
+        jax_suite.start_beside(session.config, session.items)
+
+
 def pytest_sessionfinish(session, exitstatus):
     session.config._tpu_magic_status = int(exitstatus)
+    if not _unit_only(session.config):
+        from support import jax_suite
+
+        jax_suite.stop_beside(session.config)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -8,7 +8,6 @@ installed it is skipped, unless TPU_MAGIC_JAX=required (CI) makes that a failure
 
 import importlib.util
 import os
-import re
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from support import jax_suite
 from support.jax_process import blocked_env, require_jax
 from tpu_magic.backends.jax.connect import (COLLECTIVE_WAIT, COLLECTIVE_WAIT_SECONDS,
                                             host_device_flags, host_pool_size)
@@ -79,51 +79,34 @@ def test_one_cell_trains_on_jax_in_a_process_without_tensorflow():
     assert "1 passed" in run.stdout
 
 
-# The JAX suite in two processes, each bounded by its own limit: published and unseen code
-# (jax_backend/published/: KerasHub models, about 20 minutes on a cold compilation cache on
-# 2 cores) and the rest (the backend, plain-Keras parity, several hosts: about 12). One
-# process for all took 30 minutes cold, past one limit, with nothing wrong.
-JAX_SUITE_PARTS = {
-    "backend_and_hosts": ["jax_backend", "--ignore=jax_backend/published"],
-    "published": ["jax_backend/published"],
-}
+SAYS_HOW_IT_DIED = jax_suite.SAYS_HOW_IT_DIED
+SUITE_SECONDS = jax_suite.SECONDS
 
-# A process that dies (XLA aborts it, for one) takes pytest's captured output with it. So the
-# suite captures at Python's level only: what XLA writes to the process's stderr (why it
-# aborted, which collective waited) reaches this process, and each test's line gives its
-# seconds. A test blocked inside XLA never sees pytest-timeout's signal (300 s, setup.cfg):
-# past 330 s faulthandler writes every thread's Python stack there too.
-SAYS_HOW_IT_DIED = ["--capture=sys", "-o", "console_output_style=times",
-                    "-o", "faulthandler_timeout=330"]
+
 # Twice in CI a part's process died of SIGABRT (the second time in a test that then passed
 # alone and in a full run here), its reason lost with the captured output. Such a death
 # is run past once: the tests that had not passed run again in a fresh process, the death
-# is shown as a warning, and a second death or any failure fails.
-SUITE_SECONDS = 2900
-
-
-@pytest.fixture(scope="module")
-def compile_cache(tmp_path_factory):
-    """One JAX compilation cache for both parts (programs the two share compile once)."""
-    return tmp_path_factory.mktemp("compile_cache")
-
-
+# is shown as a warning, and a second death or any failure fails. The published part has
+# been running since the session's collection ended, beside the tests above it
+# (support/jax_suite.py); these two tests run last (tests/conftest.py).
 @pytest.mark.timeout(SUITE_SECONDS + 100)
-@pytest.mark.parametrize("part", sorted(JAX_SUITE_PARTS))
-def test_the_jax_suite_passes_in_its_own_process(compile_cache, part):
+@pytest.mark.parametrize("part", sorted(jax_suite.PARTS))
+def test_the_jax_suite_passes_in_its_own_process(request, part):
     require_jax()
-    # No backend named: with TensorFlow blocked there, `auto` must choose JAX by itself.
-    env = blocked_env(TPU_MAGIC_COMPILE_CACHE=str(compile_cache))
+    env = jax_suite.environment(request.config)
     deadline = time.monotonic() + SUITE_SECONDS
-    run = _suite_part(part, env, deadline)
+    begun = jax_suite.started(request.config, part) or jax_suite.start(part, env, deadline)
+    run = _finish(begun)
     if run.returncode < 0:
-        passed = passed_tests(run.stdout)
+        passed = jax_suite.passed_tests(run.stdout)
         warnings.warn(f"the JAX suite's {part} part died on signal {-run.returncode} after "
-                      f"{len(passed)} passed; the rest run again.\n{_how_it_ended(run)}")
-        run = _suite_part(part, env, deadline, [f"--deselect={test}" for test in passed])
+                      f"{len(passed)} passed; the rest run again.\n"
+                      f"{jax_suite.how_it_ended(run)}")
+        run = _finish(jax_suite.start(part, env, deadline,
+                                      [f"--deselect={test}" for test in passed]))
         if run.returncode < 0:
             pytest.fail(f"the JAX suite's {part} part died on signal {-run.returncode} again; "
-                        f"{_how_it_ended(run)}")
+                        f"{jax_suite.how_it_ended(run)}")
     if os.environ.get("TPU_MAGIC_SUITE_LOG"):  # each test's seconds, to see where time goes
         Path(os.environ["TPU_MAGIC_SUITE_LOG"]).mkdir(parents=True, exist_ok=True)
         (Path(os.environ["TPU_MAGIC_SUITE_LOG"]) / f"jax_{part}.log").write_text(run.stdout)
@@ -132,31 +115,11 @@ def test_the_jax_suite_passes_in_its_own_process(compile_cache, part):
     assert " passed" in summary and "skipped" not in summary, summary
 
 
-def _suite_part(part: str, env: dict, deadline: float,
-                extra: list[str] = ()) -> subprocess.CompletedProcess:
+def _finish(begun: jax_suite.Started) -> subprocess.CompletedProcess:
     try:
-        return subprocess.run(
-            [sys.executable, "-m", "pytest", "-v", *JAX_SUITE_PARTS[part],
-             "--confcutdir=jax_backend", *SAYS_HOW_IT_DIED, *extra],
-            cwd=HERE, env=env, capture_output=True, text=True,
-            timeout=max(deadline - time.monotonic(), 1))
-    except subprocess.TimeoutExpired as exc:  # say how far it got
-        done = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
-        pytest.fail(f"the JAX suite's {part} part ran past {SUITE_SECONDS} s; it got to:\n"
-                    f"{done[-3000:]}")
-
-
-def passed_tests(stdout: str, folder: Path = HERE) -> list[str]:
-    """The ids (as `--deselect` takes them: from pytest's rootdir) of the tests a `pytest -v`
-    run in `folder` says passed."""
-    rootdir = Path(re.search(r"^rootdir: (.+)$", stdout, re.M).group(1))
-    shown = re.findall(r"^(\S.*?::.*?) PASSED", stdout, re.M)
-    return [(folder / test).relative_to(rootdir).as_posix() for test in shown]
-
-
-def _how_it_ended(run: subprocess.CompletedProcess) -> str:
-    """The test it died in is the stdout's last line."""
-    return f"Its stdout ends:\n{run.stdout[-3000:]}\nIts stderr ends:\n{run.stderr[-20000:]}"
+        return begun.finish()
+    except jax_suite.PartTimedOut as exc:
+        pytest.fail(str(exc))
 
 
 def test_a_part_that_died_runs_again_from_the_tests_that_had_not_passed(tmp_path):
@@ -175,11 +138,11 @@ def test_a_part_that_died_runs_again_from_the_tests_that_had_not_passed(tmp_path
                *SAYS_HOW_IT_DIED]
     died = subprocess.run(command, cwd=suite, capture_output=True, text=True, timeout=120)
     assert died.returncode < 0 and "test_dies.py::test_two" in died.stdout.splitlines()[-1]
-    assert passed_tests(died.stdout, suite) == ["suite/test_dies.py::test_one"]
+    assert jax_suite.passed_tests(died.stdout, suite) == ["suite/test_dies.py::test_one"]
     again = subprocess.run(command + ["--deselect=suite/test_dies.py::test_one"], cwd=suite,
                            capture_output=True, text=True, timeout=120)
     assert again.returncode == 0
-    assert passed_tests(again.stdout, suite) == ["suite/test_dies.py::test_two",
+    assert jax_suite.passed_tests(again.stdout, suite) == ["suite/test_dies.py::test_two",
                                                  "suite/test_dies.py::test_three"]
 
 
