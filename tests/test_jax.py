@@ -79,22 +79,18 @@ def test_one_cell_trains_on_jax_in_a_process_without_tensorflow():
     assert "1 passed" in run.stdout
 
 
-SAYS_HOW_IT_DIED = jax_suite.SAYS_HOW_IT_DIED
-SUITE_SECONDS = jax_suite.SECONDS
-
-
 # Twice in CI a part's process died of SIGABRT (the second time in a test that then passed
 # alone and in a full run here), its reason lost with the captured output. Such a death
 # is run past once: the tests that had not passed run again in a fresh process, the death
 # is shown as a warning, and a second death or any failure fails. The published part has
 # been running since the session's collection ended, beside the tests above it
 # (support/jax_suite.py); these two tests run last (tests/conftest.py).
-@pytest.mark.timeout(SUITE_SECONDS + 100)
+@pytest.mark.timeout(jax_suite.SECONDS + 100)
 @pytest.mark.parametrize("part", sorted(jax_suite.PARTS))
 def test_the_jax_suite_passes_in_its_own_process(request, part):
     require_jax()
     env = jax_suite.environment(request.config)
-    deadline = time.monotonic() + SUITE_SECONDS
+    deadline = time.monotonic() + jax_suite.SECONDS
     begun = jax_suite.started(request.config, part) or jax_suite.start(part, env, deadline)
     run = _finish(begun)
     if run.returncode < 0:
@@ -135,7 +131,7 @@ def test_a_part_that_died_runs_again_from_the_tests_that_had_not_passed(tmp_path
         "        open('died', 'w').close(); os.abort()\n"
         "def test_three(): pass\n")
     command = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "test_dies.py",
-               *SAYS_HOW_IT_DIED]
+               *jax_suite.SAYS_HOW_IT_DIED]
     died = subprocess.run(command, cwd=suite, capture_output=True, text=True, timeout=120)
     assert died.returncode < 0 and "test_dies.py::test_two" in died.stdout.splitlines()[-1]
     assert jax_suite.passed_tests(died.stdout, suite) == ["suite/test_dies.py::test_one"]

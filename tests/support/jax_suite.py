@@ -7,11 +7,11 @@ parity, several hosts). One process for all took 30 minutes cold, past one limit
 nothing wrong.
 
 The published part starts in the background as soon as pytest has collected a session that
-runs it (tests/conftest.py calls `start_beside`) and runs beside TensorFlow's tests: on 2
-cores the TensorFlow tests keep about 1.1 cores busy and the published part about 1.3, so
-side by side they take about the time of the longer, where one after the other they took
-both. The other part runs alone, last (`last`): its K decisions come from timed steps and its
-hosts' tests from timeouts, which a machine shared with another suite would stretch.
+runs it (tests/conftest.py calls `start_beside`) and runs beside TensorFlow's tests: neither
+keeps both cores busy, so side by side they take about the time of the longer, where one
+after the other they took both (CONTRIBUTING.md has the figures). The other part runs alone,
+last (`last`): its K decisions come from timed steps and its hosts' tests from timeouts,
+which a machine shared with another suite would stretch.
 """
 
 from __future__ import annotations
