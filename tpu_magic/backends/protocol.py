@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from tpu_magic.backends.jax.compile_cache import CompileCounts
     from tpu_magic.core.devices import DeviceView, StepMemory
     from tpu_magic.core.session import Connection
-    from tpu_magic.core.steps import StepState
+    from tpu_magic.core.steps import StepState, Update
     from tpu_magic.core.target import Target
 
 
@@ -248,22 +248,31 @@ class Backend(Protocol):
 
     def one_device_steps(self, model: Any, before: "StepState", batches: list,
                          one_device_copy: Callable[[], Any], parts: int = 1
-                         ) -> "tuple[dict, StepState]":
+                         ) -> "tuple[dict, Update]":
         """The model's training steps on one device, with plain Keras's code, from `before`,
-        one a batch: their last logs and the state after. `one_device_copy` makes a compiled
-        copy of the model outside every strategy, for a backend whose variables cannot leave
-        theirs (TensorFlow's). `parts`: the batch's parts as the devices hold it (the
-        replicas times the step's own micro-batches): a backend that plans memory runs a
-        batch in that many micro-batches where they give its numbers, so that device holds
-        a distributed step's activations, not the whole batch's."""
+        one a batch: their last logs and the sizes of their change of the state
+        (`core.steps.Update`). `one_device_copy` makes a compiled copy of the model outside
+        every strategy, for a backend whose variables cannot leave theirs (TensorFlow's).
+        `parts`: the batch's parts as the devices hold it (the replicas times the step's own
+        micro-batches): a backend that plans memory runs a batch in that many micro-batches
+        where they give its numbers, so that device holds a distributed step's activations,
+        not the whole batch's."""
 
-    def one_device_ahead(self, model: Any, batch: Any, parts: int = 1
+    def one_device_ahead(self, model: Any, batch: Any, parts: int = 1, steps: int = 1
                          ) -> "Callable[[], bool] | None":
         """Before the fit's first step (before its memory plan, where the fit is known to
-        be checked), the model built: `one_device_steps` for batches like `batch` (in
-        `parts`, as there) made ready while the cell goes on, once a model and batch type;
-        returns whether they are ready now, for the check to compare where they are (a
-        backend that cannot: nothing, None)."""
+        be checked), the model built: `one_device_steps` for `steps` batches like `batch`
+        (in `parts`, as there) made ready while the cell goes on, once a model and batch
+        type; returns whether they are ready now, for the check to compare where they are
+        (a backend that cannot: nothing, None)."""
+
+    def one_device_update(self, model: Any, batch: Any, parts: int = 1
+                          ) -> "tuple[dict, Update] | None":
+        """Just before the fit's first step, where `one_device_ahead` made one step for
+        `batch`'s type ready: that step run now from the model's own state on one device,
+        as `one_device_steps` returns it; the state is not copied for it where a device
+        holds it whole. None where it is not ready (nothing waited for) or cannot run so:
+        the check then runs `one_device_steps` from the copied state after the step."""
 
     def step_logs(self, model: Any, logs: dict) -> dict:
         """The metrics over the whole batch after a step (a callback's `logs` may hold one

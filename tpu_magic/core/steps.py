@@ -37,6 +37,30 @@ def host_copy(value: Any) -> np.ndarray:
     return np.array(value, copy=True)
 
 
+@dataclass(frozen=True)
+class Update:
+    """What the first-step check compares of a step's change of the state: the size (L2
+    norm) of the trainable variables' update, and of the non-trainable ones' (BatchNorm's
+    statistics; 0 where none moved), over the floating-point variables both sides copied.
+    Sizes, not the vectors: a one-device step can return them instead of a second copy of
+    the state on its device (`backends/jax/parity.py`)."""
+
+    trainable: float
+    non_trainable: float
+
+    @classmethod
+    def between(cls, before: "StepState", after: "StepState") -> "Update":
+        return cls(float(np.linalg.norm(update_of(before.trainable, after.trainable))),
+                   float(np.linalg.norm(update_of(before.non_trainable, after.non_trainable))))
+
+    @classmethod
+    def from_squares(cls, trainable: Any, non_trainable: Any) -> "Update":
+        """From each variable's sum of squared changes (a device's, in float32), added up
+        here in float64."""
+        return cls(float(np.sqrt(np.sum(np.asarray(trainable, np.float64)))),
+                   float(np.sqrt(np.sum(np.asarray(non_trainable, np.float64)))))
+
+
 def update_of(before: tuple, after: tuple) -> np.ndarray:
     """The change of the floating-point arrays of a group, flattened into one vector."""
     parts = [np.asarray(b, np.float64).ravel() - np.asarray(a, np.float64).ravel()

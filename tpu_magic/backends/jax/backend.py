@@ -23,7 +23,7 @@ from tpu_magic.core.deps import require_jax
 from tpu_magic.core.devices import DeviceView, StepMemory
 from tpu_magic.core.layouts import VariableShard
 from tpu_magic.core.session import Connection
-from tpu_magic.core.steps import StepForm, StepState
+from tpu_magic.core.steps import StepForm, StepState, Update
 from tpu_magic.core.target import Target
 
 
@@ -171,11 +171,16 @@ class JaxBackend(Named):
 
     def one_device_steps(self, model: Any, before: StepState, batches: list,
                          one_device_copy: Callable[[], Any], parts: int = 1
-                         ) -> tuple[dict, StepState]:
+                         ) -> tuple[dict, Update]:
         return parity.one_device_steps(model, before, batches, parts)
 
-    def one_device_ahead(self, model: Any, batch: Any, parts: int = 1) -> Callable[[], bool]:
-        return parity.one_device_ahead(model, batch, parts)
+    def one_device_ahead(self, model: Any, batch: Any, parts: int = 1, steps: int = 1
+                         ) -> Callable[[], bool]:
+        return parity.one_device_ahead(model, batch, parts, steps)
+
+    def one_device_update(self, model: Any, batch: Any, parts: int = 1
+                          ) -> tuple[dict, Update] | None:
+        return parity.one_device_update(model, batch, parts)
 
     def step_logs(self, model: Any, logs: dict) -> dict:
         return dict(logs or {})  # a step sees the global batch: its logs are the batch's

@@ -6,16 +6,24 @@ The one-device step is traced and compiled on a thread of its own (`one_device_a
 distributed step, where the fit is known to be checked (the two compiles side by side), or
 else before the fit's first step; once a model and batch type (a second ask for the same
 types finds it). The check then adds its run, not its compile, to the first step; the step
-run after is that compiled program (kept in the model's record). It holds one copy of the
-model's state on that device beside the model's own: the copy it is given is donated to
-the step, whose new state takes its place. A frozen layer's weights are not copied: the
-step reads the model's own buffers there and returns nothing for them (returned, they
-would be new buffers: a second copy of every frozen weight on that device, a LoRA
-model's whole base; docs/benchmarks.md)."""
+run after is that compiled program (kept in the model's record).
+
+What it holds on that device. A first execution of one step (the check's usual case) is
+compared by the sizes of its change of the state (`core.steps.Update`), so its step
+returns those sizes, not a new state: where its compile is done before the fit's first
+step, it runs then (`one_device_update`) from the model's own buffers on that device (the
+state before the step, a replicated array's copy there: nothing moved), and holds no
+state of its own; else it runs after the step from the state copied to the host, one copy
+on that device beside the model's. Steps of several (a user's K) return their new state
+to run the next from: the copy is donated to the first, each one's new state takes its
+place. A frozen layer's weights are never copied: the step reads the model's own buffers
+there and returns nothing for them (returned, they would be new buffers: a second copy of
+every frozen weight on that device, a LoRA model's whole base; docs/benchmarks.md)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -23,7 +31,7 @@ from tpu_magic.backends.jax import step_forms
 from tpu_magic.backends.jax.beside import Beside
 from tpu_magic.core import record
 from tpu_magic.core.deps import require_jax
-from tpu_magic.core.steps import (StepForm, StepState, frozen_variables, host_copy,
+from tpu_magic.core.steps import (StepForm, StepState, Update, frozen_variables, host_copy,
                                   state_groups)
 
 
@@ -36,16 +44,15 @@ def step_state(model: Any) -> StepState:
                        for variables, arrays in zip(state_groups(model), live)))
 
 
-def one_device_ahead(model: Any, batch: Any, parts: int = 1) -> Callable[[], bool]:
-    """The one-device step `one_device_steps` will run for batches like `batch` (in `parts`
-    micro-batches where they give its numbers: `reference_form`), traced now (with no
-    distribution in force, from the model's state as it is: a step's state has its shapes)
-    and compiled on a thread of its own while the cell goes on; once a model and batch type
-    (asked again for the same types, the compile already started). Returns a callable
-    telling whether that compile is done (the check compares once it is, not waiting for
-    it)."""
-    import keras
-
+def one_device_ahead(model: Any, batch: Any, parts: int = 1, steps: int = 1
+                     ) -> Callable[[], bool]:
+    """The one-device step `one_device_steps` will run for `steps` batches like `batch` (in
+    `parts` micro-batches where they give its numbers: `reference_form`; for one step, the
+    step returning its update's sizes), traced now (with no distribution in force, from
+    the model's state as it is: a step's state has its shapes) and compiled on a thread of
+    its own while the cell goes on; once a model and batch type (asked again for the same
+    types, the compile already started). Returns a callable telling whether that compile
+    is done (the check compares once it is, not waiting for it)."""
     jax = require_jax()
     one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     state = tuple([jax.ShapeDtypeStruct(np.shape(a), a.dtype, sharding=one) for a in arrays]
@@ -55,15 +62,11 @@ def one_device_ahead(model: Any, batch: Any, parts: int = 1) -> Callable[[], boo
             a.dtype if hasattr(a, "dtype") else np.asarray(a).dtype), sharding=one), batch)
     frozen = frozen_variables(model)
     kept = tuple(id(v) not in frozen for v in state_groups(model)[1])
-    form = reference_form(model, batch, parts)
-    reference, types = _reference_step(model), _types((kept, form), state, data)
+    program = (kept, reference_form(model, batch, parts), steps == 1)
+    reference, types = _reference_step(model), _types(program, state, data)
     if not reference.started(types):
-        distribution = keras.distribution.distribution()
-        keras.distribution.set_distribution(None)
-        try:
-            lowered = reference.program(kept, form).lower(*state, data)
-        finally:
-            keras.distribution.set_distribution(distribution)
+        with _no_distribution():
+            lowered = reference.program(*program).lower(*state, data)
         reference.compile_ahead(model, lowered, types)
     return lambda: reference.ready(types)
 
@@ -104,25 +107,31 @@ class _Reference:
         self._ahead: dict[Any, Beside] = {}  # types -> its compile, started
         self._compiled: dict[Any, Any] = {}  # types -> its executable, once compiled
 
-    def program(self, kept: tuple, form: StepForm) -> Any:
-        """Keras's train step in `form` (`reference_form`), jitted, returning the
-        non-trainable values `kept` marks (True) and nothing for the others (a frozen
-        layer's weights, which no step changes): the caller puts the ones it gave back
-        (`_restored`)."""
-        found = self._programs.get((kept, form))
+    def program(self, kept: tuple, form: StepForm, sizes: bool = False) -> Any:
+        """Keras's train step in `form` (`reference_form`), jitted. `sizes`: returning its
+        logs and each variable's sum of squared changes (the trainable ones', and the
+        non-trainable ones' `kept` marks: `_squares`), nothing donated (it may read the
+        model's own buffers). Else returning its new state, the non-trainable values
+        `kept` marks (True) and nothing for the others (a frozen layer's weights, which no
+        step changes): the caller puts the ones it gave back (`_restored`)."""
+        found = self._programs.get((kept, form, sizes))
         if found is None:
             step = step_forms.train_step(self._model, form, on_one_device=True)
 
             def train_step(trainable: Any, fixed: Any, slots: Any, metrics: Any,
                            batch: Any) -> Any:
-                logs, (trainable, fixed, slots, metrics) = step(
+                logs, (new, changed, new_slots, new_metrics) = step(
                     (trainable, fixed, slots, metrics), batch)
-                changed = [value for value, keep in zip(fixed, kept) if keep]
-                return logs, (trainable, changed, slots, metrics)
+                if sizes:
+                    return logs, (_squares(trainable, new),
+                                  _squares(*([a for a, keep in zip(values, kept) if keep]
+                                             for values in (fixed, changed))))
+                changed = [value for value, keep in zip(changed, kept) if keep]
+                return logs, (new, changed, new_slots, new_metrics)
 
             # the trainable values, the optimizer's and the metrics' are the check's copies
-            found = self._programs[kept, form] = require_jax().jit(
-                train_step, donate_argnums=(0, 2, 3))
+            found = self._programs[kept, form, sizes] = require_jax().jit(
+                train_step, donate_argnums=() if sizes else (0, 2, 3))
         return found
 
     def started(self, types: Any) -> bool:
@@ -160,6 +169,16 @@ def _types(program: tuple, state: Any, data: Any) -> tuple:
                              for a in leaves)
 
 
+def _squares(before: list, after: list) -> Any:
+    """Each floating-point variable's sum of squared changes, in float32 (two floats of a
+    step's before and after lie close, so their difference is exact in their own type)."""
+    import jax.numpy as jnp
+
+    found = [jnp.sum(jnp.square((b - a).astype(jnp.float32))) for a, b in zip(before, after)
+             if jnp.issubdtype(a.dtype, jnp.floating)]
+    return jnp.stack(found) if found else jnp.zeros((0,), jnp.float32)
+
+
 def _restored(fixed: list, changed: list, kept: tuple) -> list:
     """The non-trainable values after a step: those it returned (`changed`, where `kept`),
     and the ones it was given where it returned nothing (a frozen layer's)."""
@@ -175,42 +194,88 @@ def _reference_step(model: Any) -> _Reference:
 
 
 def one_device_steps(model: Any, before: StepState, batches: list, parts: int = 1
-                     ) -> tuple[dict, StepState]:
+                     ) -> tuple[dict, Update]:
     """Keras's own `train_step` of the model (each batch in `parts` micro-batches where
     they give its numbers: `reference_form`), compiled for one device (the first local
     one) with no distribution in force (ahead, where `one_device_ahead` was asked), from
     `before` (a frozen layer's weights read from the model: the replicated copy already on
-    that device, nothing moved)."""
-    import keras
-
+    that device, nothing moved): the last step's logs and the sizes of the steps' change."""
     jax = require_jax()
     device = jax.local_devices()[0]
     live = _live_state(model)
     state = tuple([jax.device_put(h, device) if h is not None else _on_device(a, device)
                    for h, a in zip(host, arrays)]
                   for host, arrays in zip(before.groups, live))
-    reference = _reference_step(model)
     kept = tuple(h is not None for h in before.non_trainable)
-    distribution = keras.distribution.distribution()
-    keras.distribution.set_distribution(None)
-    try:
-        logs: Any = {}
+    with _no_distribution():
+        if len(batches) == 1:
+            return _sized(model, kept, state, batches[0], parts, waited=True)
+        reference, logs = _reference_step(model), {}
         for batch in batches:
             data = jax.device_put(batch, device)
-            form = reference_form(model, batch, parts)
-            step = reference.step(_types((kept, form), state, data))
+            program = (kept, reference_form(model, batch, parts), False)
+            step = reference.step(_types(program, state, data))
             try:
                 logs, out = step(*state, data)
             except TypeError:  # an executable takes its types exactly (a weak type, a
                 # layout): the jitted program takes what the check has, nothing donated yet
-                logs, out = reference.program(kept, form)(*state, data)
+                logs, out = reference.program(*program)(*state, data)
             state = (out[0], _restored(state[1], out[1], kept), out[2], out[3])
-    finally:
-        keras.distribution.set_distribution(distribution)
     after = StepState(*(tuple(None if h is None else host_copy(a)
                               for h, a in zip(host, arrays))
                         for host, arrays in zip(before.groups, state)))
-    return {key: float(np.asarray(value)) for key, value in logs.items()}, after
+    return _floats(logs), Update.between(before, after)
+
+
+def one_device_update(model: Any, batch: Any, parts: int = 1) -> tuple[dict, Update] | None:
+    """`one_device_steps` of one batch, run now, before the fit's first step, from the
+    model's own state on the first device (its buffers there hold the state before the
+    step: a replicated array's own copy, nothing moved or kept), where its compile ahead
+    is done; None where it is not (nothing waited for: the check runs it after the step,
+    from the copied state) or the compiled step does not take these arrays."""
+    jax = require_jax()
+    device = jax.local_devices()[0]
+    state = tuple([_on_device(a, device) for a in arrays] for arrays in _live_state(model))
+    frozen = frozen_variables(model)
+    kept = tuple(id(v) not in frozen for v in state_groups(model)[1])
+    with _no_distribution():
+        return _sized(model, kept, state, batch, parts, waited=False)
+
+
+def _sized(model: Any, kept: tuple, state: tuple, batch: Any, parts: int, waited: bool
+           ) -> tuple[dict, Update] | None:
+    """One step of `batch` from `state` (on the first device) returning its logs and its
+    update's sizes: its compile ahead waited for (`waited`), else only where it is done."""
+    jax = require_jax()
+    data = jax.device_put(batch, jax.local_devices()[0])
+    program = (kept, reference_form(model, batch, parts), True)
+    reference, types = _reference_step(model), _types(program, state, data)
+    if not waited and not (reference.started(types) and reference.ready(types)):
+        return None
+    try:
+        logs, squares = reference.step(types)(*state, data)
+    except TypeError:  # an executable takes its types exactly (a weak type, a layout)
+        if not waited:
+            return None  # compiling it here would put that compile before the first step
+        logs, squares = reference.program(*program)(*state, data)
+    return _floats(logs), Update.from_squares(*squares)
+
+
+@contextlib.contextmanager
+def _no_distribution() -> Iterator[None]:
+    """Keras's distribution set aside: the one-device step is traced and run outside it."""
+    import keras
+
+    distribution = keras.distribution.distribution()
+    keras.distribution.set_distribution(None)
+    try:
+        yield
+    finally:
+        keras.distribution.set_distribution(distribution)
+
+
+def _floats(logs: dict) -> dict:
+    return {key: float(np.asarray(value)) for key, value in logs.items()}
 
 
 def one_device_inference(model: Any, batch: Any, one_device_copy: Callable[[], Any]) -> dict:
@@ -218,16 +283,12 @@ def one_device_inference(model: Any, batch: Any, one_device_copy: Callable[[], A
     model's weights, with no distribution in force."""
     import keras
 
-    distribution = keras.distribution.distribution()
-    keras.distribution.set_distribution(None)
-    try:
+    with _no_distribution():
         copy = one_device_copy()
         copy.set_weights([np.asarray(w) for w in model.get_weights()])
         x, y, weight = keras.utils.unpack_x_y_sample_weight(batch)
         logs = copy.test_on_batch(x, y, weight, return_dict=True)
-    finally:
-        keras.distribution.set_distribution(distribution)
-    return {key: float(np.asarray(value)) for key, value in logs.items()}
+    return _floats(logs)
 
 
 def _live_state(model: Any) -> tuple:

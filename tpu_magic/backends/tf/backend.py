@@ -19,7 +19,7 @@ from tpu_magic.core.devices import DeviceView
 from tpu_magic.core.errors import ShardError
 from tpu_magic.core.flops import counted_training_flops
 from tpu_magic.core.session import Connection
-from tpu_magic.core.steps import StepState
+from tpu_magic.core.steps import StepState, Update
 from tpu_magic.core.target import Target
 
 
@@ -144,12 +144,17 @@ class TensorFlowBackend(Named):
 
     def one_device_steps(self, model: Any, before: StepState, batches: list,
                          one_device_copy: Callable[[], Any], parts: int = 1
-                         ) -> tuple[dict, StepState]:
+                         ) -> tuple[dict, Update]:
         # the whole batch on one device: TensorFlow's memory is not planned
-        return parity.one_device_steps(model, before, batches, one_device_copy)
+        logs, after = parity.one_device_steps(model, before, batches, one_device_copy)
+        return logs, Update.between(before, after)
 
-    def one_device_ahead(self, model: Any, batch: Any, parts: int = 1) -> None:
+    def one_device_ahead(self, model: Any, batch: Any, parts: int = 1, steps: int = 1
+                         ) -> None:
         return None  # a copy of the model is built and traced where it runs
+
+    def one_device_update(self, model: Any, batch: Any, parts: int = 1) -> None:
+        return None  # nothing compiled ahead: the copy runs from the copied state
 
     def step_logs(self, model: Any, logs: dict) -> dict:
         return parity.step_logs(model, logs)

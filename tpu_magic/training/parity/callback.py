@@ -9,7 +9,10 @@ one-device step, compiled beside, is not ready when the first execution ends, th
 after it is kept and the comparison waits for that compile at a later batch (at the
 latest when the fit ends) while the fit trains on: the compile leaves the critical path.
 The memory plan compiles the distributed step before the fit, so its first step is quick,
-and a check that waited for its own compile there added that compile to the cell."""
+and a check that waited for its own compile there added that compile to the cell. Where
+that compile is done when the first step begins (a first execution of one step), the
+one-device step runs then, from the model's own state (`now`): it needs no copy of the
+state on its device, which the run after the step starts from."""
 
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ import keras
 import numpy as np
 
 from tpu_magic.core.arrays import batch_shapes
-from tpu_magic.core.steps import StepState
+from tpu_magic.core.steps import StepState, Update
 from tpu_magic.training.parity.compare import (AGREED, Parity, Skipped, compare,
                                                compare_inference, comparison_setup, real_rows)
 
@@ -51,7 +54,7 @@ class FirstStep(keras.callbacks.Callback):
             callback's logs (the backend's `step_logs`).
         first_batches: the first `k` batches of the epoch as fed (None: cannot be known).
         reference: runs `k` batches on one device from a `StepState`, returning (its logs,
-            its `StepState`): the backend's `one_device_steps`.
+            its update's sizes, `Update`): the backend's `one_device_steps`.
         tolerance: the relative difference allowed.
         likely: names a cause (see `likely_cause`): (loss differs, update ratio, padded).
         random_draws: where the replicas would draw random numbers one device does not
@@ -77,6 +80,10 @@ class FirstStep(keras.callbacks.Callback):
             it (`FitPlan.first`; None: not): `ahead`'s shapes where the input has fed
             nothing yet when the first step begins (a user's dataset, read by Keras after
             the hook), so its one-device step compiles beside the first step there too.
+        now: (model, the first batch's real rows) runs `reference`'s step of one batch
+            now, before the first step, from the model's own state (the backend's
+            `one_device_update`), or returns None where it cannot without waiting; None:
+            never (the step runs after the first execution, from the copied state).
 
     After fit, `outcome` is a `Parity` or `Skipped` (None: the first step never ended).
     Where the outcome is known before the fit (a setup agreed earlier, a first batch that
@@ -105,9 +112,11 @@ class FirstStep(keras.callbacks.Callback):
                  setup_before: str | None = None,
                  whole: Callable[[], Any] | None = None,
                  ahead: Callable[[Any, Any], Callable[[], bool] | None] | None = None,
-                 first_steps: int = 1, first_fed: Callable[[], Any] | None = None):
+                 first_steps: int = 1, first_fed: Callable[[], Any] | None = None,
+                 now: Callable[[Any, Any], tuple[dict, Update] | None] | None = None):
         super().__init__()
         self._ahead, self._first_steps, self._first_fed = ahead, first_steps, first_fed
+        self._now, self._early = now, None  # the one-device step run before the first
         self._inference, self._step_logs = inference, step_logs
         self._whole, self._kept = whole, None  # the whole-batch run, once kept
         self._state, self._first_batches, self._reference = state, first_batches, reference
@@ -143,6 +152,7 @@ class FirstStep(keras.callbacks.Callback):
             return
         self._held = time.perf_counter() - start
         self._make_ready()
+        self._run_now()
 
     def _make_ready(self) -> None:
         """The one-device steps readied while the first step compiles (`ahead`); where that
@@ -157,6 +167,24 @@ class FirstStep(keras.callbacks.Callback):
                 batches = [first] if first is not None else []
             if batches:  # every batch of an execution has the first's shapes
                 self._ready = self._ahead(self.model, real_rows(batches[0])[0])
+        self._held += time.perf_counter() - start
+
+    def _run_now(self) -> None:
+        """Where the first execution is one step and its one-device step is compiled, that
+        step run now from the model's own state (`now`); kept with the batch's shapes, to
+        compare once the first step has run. Where it cannot, it runs after, as without."""
+        if self._now is None or self._first_steps != 1 or self._ready is None or \
+                not self._ready():
+            return
+        start = time.perf_counter()
+        with contextlib.suppress(Exception):
+            batches = self._first_batches(1)
+            if batches:
+                real, padded = real_rows(batches[0])
+                if not (padded and _draws_random_numbers(self.model)):  # skipped after
+                    found = self._now(self.model, real)
+                    if found is not None:
+                        self._early = (batch_shapes(batches[0]), found)
         self._held += time.perf_counter() - start
 
     def _compiled(self) -> bool:
@@ -215,9 +243,13 @@ class FirstStep(keras.callbacks.Callback):
         """The kept first execution compared with the same steps on one device (their
         compile waited for, where it goes on)."""
         kept, self._pending, start = self._pending, None, time.perf_counter()
+        early, self._early = self._early, None
         try:
-            their_logs, theirs = self._reference(self.model, self._before,
-                                                 [b for b, _ in kept.fed])
+            if early is not None and [early[0]] == [batch_shapes(b) for b, _ in kept.fed]:
+                their_logs, theirs = early[1]  # run before the first step
+            else:
+                their_logs, theirs = self._reference(self.model, self._before,
+                                                     [b for b, _ in kept.fed])
         except Exception as exc:  # noqa: BLE001 - the check must never break the cell
             text = str(exc).strip().splitlines()
             self._skip(f"the one-device step could not run ({type(exc).__name__}: "
@@ -237,7 +269,7 @@ class FirstStep(keras.callbacks.Callback):
         self.outcome = parity
         self._before = None
 
-    def _run_whole(self, parity: Parity, steps: int, theirs: StepState, their_logs: dict,
+    def _run_whole(self, parity: Parity, steps: int, theirs: Update, their_logs: dict,
                    logs: dict | None) -> Parity:
         """The split steps differed: the same steps again from the state before them, every
         replica computing the whole batch. Where that agrees with one device, the fit goes
@@ -316,7 +348,7 @@ class FirstStep(keras.callbacks.Callback):
                                          padded)
 
     def _skip(self, why: str, setup: str = "") -> None:
-        self._done, self._before = True, None
+        self._done, self._before, self._early = True, None, None
         self.outcome = Skipped(why, setup=setup)
 
 

@@ -100,7 +100,11 @@ def _check(connection: Connection, mesh: Any, plan: Any, built: Any, agreed: fro
 
     def ahead(m: Any, batch: Any) -> Callable[[], bool] | None:
         with exactness.suspended(m):
-            return backend.one_device_ahead(m, batch, parts)
+            return backend.one_device_ahead(m, batch, parts, plan.steps.k)
+
+    def now(m: Any, real: Any) -> Any:
+        with exactness.suspended(m):
+            return backend.one_device_update(m, real, parts)
 
     def inference(m: Any, fed: Any, real: Any) -> Any:
         ours = backend.distributed_inference(m, fed)
@@ -122,7 +126,8 @@ def _check(connection: Connection, mesh: Any, plan: Any, built: Any, agreed: fro
                      whole=None if norms or global_batch else
                      lambda: backend.whole_batch(model, built.call),
                      ahead=ahead if backend.check_compiles_ahead else None,
-                     first_steps=plan.steps.k, first_fed=plan.first)
+                     first_steps=plan.steps.k, first_fed=plan.first,
+                     now=now if backend.check_compiles_ahead else None)
 
 
 def _shapes_before(built: Any, plan: Any) -> Callable[[int], list] | None:
@@ -174,7 +179,7 @@ def check_ahead(placement: Any, agreed: frozenset, request: Any, verified: bool
         try:
             with exactness.suspended(model):  # the step's own form is the plan's, still to
                 # come: as written where asked (another form's is compiled at the check)
-                backend.one_device_ahead(model, batch, _parts(connection, None))
+                backend.one_device_ahead(model, batch, _parts(connection, None), k)
         except Exception:  # noqa: BLE001 - the check must never break the cell: where this
             pass  # fails, its step is made ready at the first step, as without it
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from tpu_magic.core import record
 from tpu_magic.core.packed import MASK, WEIGHT, is_packed
-from tpu_magic.core.steps import StepState, update_of
+from tpu_magic.core.steps import StepState, Update
 
 TOLERANCE = 1e-4  # relative, float32 compute
 LOW_PRECISION_TOLERANCE = 2e-2  # a 16-bit compute policy rounds differently per split
@@ -192,22 +192,22 @@ def real_rows(batch: Any) -> tuple[Any, bool]:
     return keras.utils.pack_x_y_sample_weight(pick(x), pick(y), weight), padded
 
 
-def compare(before: StepState, after: StepState, theirs: StepState, logs: dict,
+def compare(before: StepState, after: StepState, theirs: Update, logs: dict,
             their_logs: dict, steps: int, tolerance: float, seconds: float,
             likely: Callable[[bool, float | None, bool], str], setup: str = "",
             padded: bool = False) -> Parity:
-    """The distributed run (`after`, `logs`) against one device's (`theirs`, `their_logs`),
-    both from `before`. `likely(loss_differs, update_ratio, padded)` names a cause."""
+    """The distributed run (`after`, `logs`) against one device's (`theirs`: its update's
+    sizes, `their_logs`), both from `before`. `likely(loss_differs, update_ratio, padded)`
+    names a cause."""
     shared = [key for key in their_logs if key in logs]
     numbers = tuple((key, _number(logs[key]), _number(their_logs[key])) for key in shared)
     # Sizes, not the vectors: Adam's first step divides each gradient by its own size, so
     # a weight whose gradient is float noise (a bias before a BatchNormalization) moves by
     # a noisy amount on any two devices; the size of the whole update does not.
-    size = (_size(update_of(before.trainable, after.trainable)),
-            _size(update_of(before.trainable, theirs.trainable)))
+    ours = Update.between(before, after)
+    size = (ours.trainable, theirs.trainable)
     difference = relative(*size)
-    moved = (_size(update_of(before.non_trainable, after.non_trainable)),
-             _size(update_of(before.non_trainable, theirs.non_trainable)))
+    moved = (ours.non_trainable, theirs.non_trainable)
     state = relative(*moved) if any(moved) else None
     parity = Parity(steps, numbers, size, difference, state, tolerance, seconds, setup=setup)
     if parity.agrees:
@@ -246,10 +246,6 @@ def _number(value: Any) -> float:
         return float(np.asarray(value))
     except (TypeError, ValueError):
         return math.nan
-
-
-def _size(update: np.ndarray) -> float:
-    return float(np.linalg.norm(update))
 
 
 def likely_cause(replicas: int, per_replica_norms: list[str], batch_losses: list[str],
