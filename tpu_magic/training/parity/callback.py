@@ -171,8 +171,8 @@ class FirstStep(keras.callbacks.Callback):
 
     def _run_now(self) -> None:
         """Where the first execution is one step and its one-device step is compiled, that
-        step run now from the model's own state (`now`); kept with the batch's shapes, to
-        compare once the first step has run. Where it cannot, it runs after, as without."""
+        step run now from the model's own state (`now`); kept with its rows' shapes, to
+        compare once the first step has run (with the first execution's, where they match). Where it cannot, it runs after, as without."""
         if self._now is None or self._first_steps != 1 or self._ready is None or \
                 not self._ready():
             return
@@ -184,7 +184,7 @@ class FirstStep(keras.callbacks.Callback):
                 if not (padded and _draws_random_numbers(self.model)):  # skipped after
                     found = self._now(self.model, real)
                     if found is not None:
-                        self._early = (batch_shapes(batches[0]), found)
+                        self._early = (batch_shapes(real), found)
         self._held += time.perf_counter() - start
 
     def _compiled(self) -> bool:
