@@ -343,6 +343,29 @@ def test_the_same_setup_is_compared_once_a_notebook(ip):
     assert "agreed with one device earlier in this notebook" in again.parity.line()
 
 
+def test_a_notebook_loss_edited_and_run_again_is_compared_again(ip, capsys):
+    # A loss function was keyed by its name: this one, edited to scale itself once a
+    # distribution is in force (the pmap habit, once too often) and run again, kept the
+    # key of the version that agreed, and its loss and update were 8 times plain Keras's,
+    # silently.
+    def cell(scale):
+        return ROWS + f"""
+def my_loss(y_true, y_pred):
+    scale = {scale}
+    return scale * keras.losses.sparse_categorical_crossentropy(y_true, y_pred)
+model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(3, activation="softmax")])
+model.compile(keras.optimizers.SGD(0.1), my_loss)
+model.fit(x, y, batch_size=32, epochs=1, verbose=0)
+"""
+    train(ip, cell("1.0"))
+    assert "agreed with one device earlier" in train(ip, cell("1.0")).parity.line()
+    capsys.readouterr()
+    parity = _warned(ip, cell("8.0 if keras.distribution.distribution() is not None else 1.0"),
+                     capsys)
+    loss = dict((key, (ours, theirs)) for key, ours, theirs in parity.logs)["loss"]
+    assert loss[0] == pytest.approx(8 * loss[1], rel=1e-3)
+
+
 def test_the_check_compares_a_lora_models_update(ip):
     # KerasHub's enable_lora freezes the backbone's blocks and keeps their LoRA layers
     # trainable: the adapters' update is compared, not read as frozen (it was: size 0 vs 0).

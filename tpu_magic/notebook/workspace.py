@@ -38,7 +38,7 @@ class Workspace:
     connection: Any = None  # the connection the rest belongs to
     check: Any = None  # the last `--check` on this connection (a `check.DeviceCheck`)
     report: Any = None  # the last `%%tpu_train` cell's `TrainReport` (also when it was interrupted)
-    # first-step setups that agreed with one device (`training.parity.compare.setup_key`):
+    # first-step setups that agreed with one device (`training.parity.setup.setup_key`):
     # split over the replicas, or (marked `compare.WHOLE_BATCH`) with every replica computing
     # the whole batch, as their later fits then run (`compare.Parity.remembered`)
     agreed: set = field(default_factory=set)

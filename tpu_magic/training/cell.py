@@ -105,7 +105,7 @@ class TrainingCell:
         bar / view: a tqdm-like class for bars (None: none); the panel's training area.
         agreed / inputs_measured / flops_counted: what earlier cells of this notebook
             measured, not measured again: first-step setups that agreed with one device
-            (`parity.compare.setup_key`), a batch's input seconds (`Built.measurable_key`),
+            (`parity.setup.setup_key`), a batch's input seconds (`Built.measurable_key`),
             a sample's FLOPs (`utilization.flops_key`).
         watch: around each Keras call, by name (an engine of several hosts says where it is).
 

@@ -9,6 +9,7 @@ import pytest
 from support.cells import train
 
 from tpu_magic.training.parity import compare as parity_module
+from tpu_magic.training.parity import setup as setups
 
 ROWS = """
 import numpy as np, keras, tensorflow as tf
@@ -227,7 +228,7 @@ def test_a_comparisons_setup_is_of_the_batches_it_compares():
     model.compile("adam", "mse")
     one = (((), (64, 8), "float32"),)
     other = (((), (32, 8), "float32"),)
-    key = parity_module.comparison_setup
+    key = setups.comparison_setup
     assert key(model, [one, other], "8 replicas", inference=True) == \
         key(model, [one], "8 replicas", inference=True)
     assert key(model, [one, other], "8 replicas", inference=False) != \
@@ -235,7 +236,7 @@ def test_a_comparisons_setup_is_of_the_batches_it_compares():
     assert key(model, [one], "8 replicas", inference=True) != \
         key(model, [one], "8 replicas", inference=False)
     assert key(model, [one], "8 replicas", inference=False) == \
-        parity_module.setup_key(model, [one], "8 replicas")
+        setups.setup_key(model, [one], "8 replicas")
 
 
 def test_a_notebook_layer_edited_and_defined_again_is_another_setup(ip):
@@ -258,7 +259,7 @@ class Summed(keras.layers.Layer):
         ip.run_cell("import keras\n" + source)
         model = keras.Sequential([keras.Input((8,)), ip.user_ns["Summed"]()])
         model.compile("adam", "mse")
-        found = parity_module.setup_key(model, [(((), (64, 8), "float32"),)], "8 replicas")
+        found = setups.setup_key(model, [(((), (64, 8), "float32"),)], "8 replicas")
         del model
         ip.user_ns.pop("Summed")
         gc.collect()
@@ -267,3 +268,72 @@ class Summed(keras.layers.Layer):
     first = key_of_cell(layer)
     assert key_of_cell(layer) == first
     assert key_of_cell(layer.replace("ops.sum", "ops.mean")) != first
+
+
+def test_a_notebook_loss_edited_and_run_again_is_compared_again(sim8, capsys):
+    # A notebook's own loss function was keyed by its name: edited to add a statistic of
+    # the batch (each replica then takes its own 1/8's) and run again, it kept the key of
+    # the version that agreed, its first step went unchecked, and its loss was another
+    # number than plain Keras's, silently. The same for a helper it calls.
+    def cell(body, helper="keras.ops.mean((y_true - y_pred) ** 2)"):
+        return ROWS + f"""
+y = np.random.RandomState(1).rand(256, 1).astype("float32")
+def squared(y_true, y_pred):
+    return {helper}
+def my_loss(y_true, y_pred):
+    return {body}
+model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+model.compile(keras.optimizers.Adam(0.01), loss=my_loss)
+model.fit(x, y, batch_size=64, verbose=0)
+"""
+    plain = cell("squared(y_true, y_pred)")
+    first = train(sim8, plain)
+    assert isinstance(first.parity, parity_module.Parity) and first.parity.agrees
+    assert train(sim8, plain).parity.why == parity_module.AGREED
+    capsys.readouterr()
+    for edited in (cell("squared(y_true, y_pred) + keras.ops.var(y_pred)"),
+                   cell("squared(y_true, y_pred)", helper="keras.ops.mean((y_true - y_pred) "
+                        "** 2) + keras.ops.var(y_pred)")):
+        parity = train(sim8, edited).parity
+        assert isinstance(parity, parity_module.Parity) and not parity.agrees, parity
+        assert parity.likely.startswith("a loss over the whole batch"), parity.likely
+        assert parity.whole is not None and parity.whole.agrees, parity.whole
+        assert "every replica computes the whole batch instead" in capsys.readouterr().out
+
+
+def test_a_setups_key_follows_what_the_layers_and_loss_compute(ip):
+    # The key of a model rebuilt by the same cell stays the same (Keras numbers its layers'
+    # names afresh, nested ones too); a Lambda's function, a layer's setting or a notebook
+    # function it holds, edited, is another computation.
+    import keras
+
+    def key_of(cell):
+        ip.run_cell("import keras, functools\n" + cell)
+        model = ip.user_ns["model"]
+        return setups.setup_key(model, [(((), (64, 8), "float32"),)], "8 replicas")
+
+    def model(layer, loss='"mse"'):
+        return f"""
+model = keras.Sequential([keras.Input((8,)), {layer}, keras.layers.Dense(1)])
+model.compile("adam", {loss})
+"""
+    lambda_ = model("keras.layers.Lambda(lambda x: x * 2.0)")
+    assert key_of(lambda_) == key_of(lambda_)
+    assert key_of(lambda_) != key_of(model(
+        "keras.layers.Lambda(lambda x: x - keras.ops.mean(x, axis=0))"))
+    assert key_of(model("keras.layers.Softmax(axis=-1)")) != \
+        key_of(model("keras.layers.Softmax(axis=0)"))
+    activation = "def act(x):\n    return keras.ops.relu(x)\n" + model(
+        "keras.layers.Dense(8, activation=act)")
+    assert key_of(activation) == key_of(activation)
+    assert key_of(activation) != key_of(activation.replace("ops.relu(x)",
+                                                           "ops.relu(x - keras.ops.mean(x, 0))"))
+    recurrent = ("keras.layers.Reshape((2, 4)), "
+                 "keras.layers.Bidirectional(keras.layers.LSTM(4))")
+    assert key_of(model(recurrent)) == key_of(model(recurrent))
+    closing = "def scaled(axis):\n    return lambda t, p: keras.ops.mean((t - p) ** 2, axis=axis)\n"
+    assert key_of(closing + model("keras.layers.Dense(4)", "scaled(-1)")) != \
+        key_of(closing + model("keras.layers.Dense(4)", "scaled(0)"))
+    partial = "def loss(t, p, axis):\n    return keras.ops.mean((t - p) ** 2, axis=axis)\n"
+    assert key_of(partial + model("keras.layers.Dense(4)", "functools.partial(loss, axis=-1)")) \
+        != key_of(partial + model("keras.layers.Dense(4)", "functools.partial(loss, axis=0)"))

@@ -27,7 +27,8 @@ import numpy as np
 from tpu_magic.core.arrays import batch_shapes
 from tpu_magic.core.steps import StepState, Update
 from tpu_magic.training.parity.compare import (AGREED, Parity, Skipped, compare,
-                                               compare_inference, comparison_setup, real_rows)
+                                               compare_inference, real_rows)
+from tpu_magic.training.parity.setup import comparison_setup
 
 
 @dataclass(frozen=True)

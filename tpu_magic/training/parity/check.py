@@ -13,7 +13,8 @@ from tpu_magic.training.inputs import exactness
 from tpu_magic.training.parity.callback import FirstStep, WholeBatchRun
 from tpu_magic.training.parity.compare import (LOW_PRECISION_TOLERANCE, TOLERANCE,
                                                WHOLE_BATCH, WHOLE_EARLIER, likely_cause,
-                                               per_replica_norms, random_layers, setup_before)
+                                               per_replica_norms, random_layers)
+from tpu_magic.training.parity.setup import setup_before
 
 NOT_COMPARED = "the first step is not compared with one device"
 ON_HOSTS = f"{NOT_COMPARED} on several hosts"

@@ -1,20 +1,16 @@
 """The first-step comparison: its results (`Parity`, `Skipped`), the difference between the
-distributed step and one device's, its likely cause, and the key of a setup (what need not
-be compared again once it agreed)."""
+distributed step and one device's, and its likely cause. What need not be compared again
+once it agreed, a setup's key, is `setup.py`'s."""
 
 from __future__ import annotations
 
-import hashlib
-import inspect
 import math
-import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import keras
 import numpy as np
 
-from tpu_magic.core import record
 from tpu_magic.core.packed import MASK, WEIGHT, is_packed
 from tpu_magic.core.steps import StepState, Update
 
@@ -295,122 +291,12 @@ def likely_cause(replicas: int, per_replica_norms: list[str], batch_losses: list
     return likely
 
 
-def setup_key(model: Any, shapes: list, where: str) -> str:
-    """What makes two first steps the same computation: the model's layers (their classes,
-    the source of a notebook's own), variables, dtype policies and compile settings, the
-    batches' shapes and dtypes (`shapes`: `arrays.batch_shapes` of each), and the devices
-    (`where`). Weight values are not part of it: an unseeded model rebuilt by the same cell
-    is the same setup."""
-    layers = [(_class_key(type(layer)), layer.trainable, str(getattr(layer, "dtype_policy", "")))
-              for layer in model._flatten_layers()]
-    # by place, not path: Keras numbers the names of a model built again (dense_1, dense_2)
-    variables = [(tuple(v.shape), str(v.dtype), v.trainable) for v in model.variables]
-    optimizer = getattr(model, "optimizer", None)
-    compiled = (repr(_loss_key(getattr(model, "loss", None))),
-                type(optimizer).__name__ if optimizer is not None else None,
-                _settings(optimizer),
-                [getattr(m, "name", repr(m)) for m in getattr(model, "metrics", [])])
-    text = repr((layers, variables, compiled, list(shapes), where, _class_key(type(model))))
-    return hashlib.sha1(text.encode()).hexdigest()
-
-
-def _settings(optimizer: Any) -> Any:
-    """An optimizer's settings, as its config gives them; where it cannot give one (a
-    learning-rate schedule of a notebook's without `get_config`, a tensor in it), the
-    optimizer object itself: that setup is then compared again in a later cell."""
-    if optimizer is None:
-        return ()
-    try:
-        return sorted((k, repr(v)) for k, v in optimizer.get_config().items() if k != "name")
-    except Exception:  # noqa: BLE001 - Keras's own fit never asks for it: no error here either
-        return f"{type(optimizer).__qualname__} {_identity(optimizer)}"
-
-
-def _class_key(cls: type) -> str:
-    """A class by its name, and by its source where a notebook defined it (a cell run again
-    defines a new class object with the same source)."""
-    name = f"{cls.__module__}.{cls.__qualname__}"
-    if cls.__module__ in ("__main__", "builtins") or cls.__module__.startswith("<"):
-        try:
-            return name + ":" + hashlib.sha1(inspect.getsource(cls).encode()).hexdigest()
-        except (OSError, TypeError):
-            return f"{name}:{_code_key(cls)}"
-    return name
-
-
-def _code_key(cls: type) -> str:
-    """A notebook class's key where its source cannot be read (Python before 3.13 finds
-    no source of a class a cell defined): its own methods' compiled code and its bases, the
-    same for a cell run again, another for a class edited; a class with no code of its own
-    is this one class object alone (`_identity`)."""
-    parts = []
-    for name, value in sorted(vars(cls).items(), key=lambda item: item[0]):
-        functions = [value.fget, value.fset, value.fdel] if isinstance(value, property) \
-            else [getattr(value, "__func__", value)]
-        parts += [(name, _code_text(f.__code__)) for f in functions if hasattr(f, "__code__")]
-    if not parts:
-        return _identity(cls)
-    bases = [f"{base.__module__}.{base.__qualname__}" for base in cls.__bases__]
-    return hashlib.sha1(repr((bases, parts)).encode()).hexdigest()
-
-
-def _code_text(code: Any) -> tuple:
-    """What a code object computes: its bytecode, constants (nested code too) and names."""
-    constants = tuple(_code_text(c) if inspect.iscode(c) else repr(c) for c in code.co_consts)
-    return code.co_code.hex(), constants, code.co_names, code.co_varnames
-
-
-def _identity(obj: Any) -> str:
-    """A name for this one object, never another's (`id()` is reused once an object is
-    collected: a notebook's class edited and defined again took the key of the collected
-    one before it, and its first step went unchecked, as agreed)."""
-    found = record.kept(obj, "identity")
-    if found is None:
-        found = uuid.uuid4().hex
-        record.keep(obj, "identity", found)
-    return found
-
-
-def _loss_key(loss: Any) -> Any:
-    if callable(loss) and not isinstance(loss, keras.losses.Loss):
-        return _class_key(loss) if isinstance(loss, type) else getattr(loss, "__qualname__", loss)
-    return keras.tree.map_structure(
-        lambda item: (type(item).__name__, sorted(item.get_config().items()))
-        if isinstance(item, keras.losses.Loss) else item, loss) if loss is not None else None
-
-
-INFERENCE_SUFFIX = " inference"  # `where`'s suffix in the setup of an inference-mode comparison
 AGREED = "the same model, batch and devices agreed with one device earlier in this notebook"
 # an agreed setup's mark where it agreed only with every replica computing the whole batch
 WHOLE_BATCH = "whole batch "
 WHOLE_EARLIER = ("every replica computes the whole batch: split over the replicas, the same "
                  "model, batch and devices differed from one device earlier in this notebook, "
                  "and computing the whole batch on each agreed (correct numbers before speed)")
-
-
-def comparison_setup(model: Any, shapes: list, where: str, inference: bool) -> str:
-    """The `setup_key` of a first-step comparison, from `batch_shapes` of the batches it
-    compares (`shapes`): a training step's is of the first execution's batches; an
-    inference-mode comparison's (the replicas draw random numbers) of the first batch alone,
-    with `where` marked, so the same batch compared the other way is another setup. Both
-    `FirstStep` (after the first execution) and `setup_before` (before the fit) use it."""
-    if inference:
-        return setup_key(model, shapes[:1], where + INFERENCE_SUFFIX)
-    return setup_key(model, shapes, where)
-
-
-def setup_before(model: Any, shapes: Callable[[int], list], where: str,
-                 random_draws: str | None, steps: int = 1) -> str | None:
-    """The `comparison_setup` a fit's first execution will have, told before the fit from
-    the shapes of its first batches (`arrays.Pipeline.shapes`): one batch's where the
-    replicas draw random numbers (an inference-mode comparison), otherwise the first
-    execution's `steps`. None where it cannot be told (the check then decides after the
-    first step, as ever)."""
-    try:
-        inference = bool(random_draws)
-        return comparison_setup(model, shapes(1 if inference else steps), where, inference)
-    except Exception:  # noqa: BLE001 - the check must never break the cell
-        return None
 
 
 def random_layers(model: Any) -> list[str]:
