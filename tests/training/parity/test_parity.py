@@ -305,8 +305,6 @@ def test_a_setups_key_follows_what_the_layers_and_loss_compute(ip):
     # The key of a model rebuilt by the same cell stays the same (Keras numbers its layers'
     # names afresh, nested ones too); a Lambda's function, a layer's setting or a notebook
     # function it holds, edited, is another computation.
-    import keras
-
     def key_of(cell):
         ip.run_cell("import keras, functools\n" + cell)
         model = ip.user_ns["model"]
